@@ -1,0 +1,1 @@
+"""The edge: WebSocket and HTTP, auth, the client protocol, local connection maps."""

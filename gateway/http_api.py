@@ -1,0 +1,144 @@
+"""The HTTP API (FastAPI): offline sync, conversations, history, health, metrics.
+
+Every error answers ``{"error": {"code", "message"}}`` with the status of its
+code; a validation failure is a 400, a dependency that is down a 503, and
+nothing raw (a traceback, a driver message) reaches the client.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Annotated, Any
+
+import orjson
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.auth import bearer_token, verify_token
+from gateway.errors import HTTP_STATUS, ProtocolError
+from gateway.protocol import ID_PATTERN, check_id
+from store.errors import Unavailable
+from store.ids import MAX_MID
+
+if TYPE_CHECKING:
+    from gateway.node import Node
+
+__all__ = ["build_app"]
+
+log = logging.getLogger("gateway.http")
+MAX_LIMIT = 200
+
+Mid = Annotated[StrictInt, Field(ge=0, le=MAX_MID)]
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
+ConvId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN.pattern)]
+
+
+def current_user(request: Request) -> str:
+    """The caller, from ``Authorization: Bearer``; 401 otherwise."""
+    token = bearer_token(request.headers.get("authorization"))
+    return verify_token(request.app.state.node.settings.auth_secret, token)
+
+
+User = Annotated[str, Depends(current_user)]
+
+
+class SyncAck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    upto: Mid
+
+
+class ReadMark(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mid: Mid
+
+
+class JSON(Response):
+    """orjson-encoded body: stored message bytes pass through as ``orjson.Fragment``."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def _error(code: str, message: str, status: int | None = None) -> JSON:
+    return JSON({"error": {"code": code, "message": message}},
+                status_code=status or HTTP_STATUS[code])
+
+
+def build_app(node: Node) -> FastAPI:
+    """The node's HTTP API; ``/docs`` and ``/openapi.json`` describe it."""
+    app = FastAPI(title="imgate", version="1", default_response_class=JSON)
+    _install_error_handlers(app)
+    app.state.node = node
+    chat = node.chat
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        if node.draining or not await node.healthy():
+            return _error("unavailable", "node cannot serve")
+        return JSON({"ok": True, "node": node.name})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(node.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/sync")
+    async def sync(user: User, since: Annotated[int, Query(ge=0, le=MAX_MID)] = 0,
+                   limit: Limit = 100) -> JSON:
+        page = await chat.sync(user, since, limit)
+        return JSON({"msgs": page.msgs, "next": page.next, "more": page.more})
+
+    @app.post("/v1/sync/ack")
+    async def sync_ack(user: User, body: SyncAck) -> JSON:
+        await chat.sync_ack(user, body.upto)
+        return JSON({"ok": True})
+
+    @app.get("/v1/conversations")
+    async def conversations(user: User, limit: Limit = 100) -> JSON:
+        return JSON(await chat.conversations(user, limit))
+
+    @app.post("/v1/conversations/{conv}/read")
+    async def read(user: User, conv: ConvId, body: ReadMark) -> JSON:
+        await chat.mark_read(user, check_id(conv, "conv"), body.mid)
+        return JSON({"ok": True})
+
+    @app.get("/v1/history/{conv}")
+    async def history(user: User, conv: ConvId,
+                      before: Annotated[int | None, Query(ge=0, le=MAX_MID)] = None,
+                      limit: Limit = 50) -> JSON:
+        msgs, nxt = await chat.history(user, check_id(conv, "conv"), before, limit)
+        return JSON({"msgs": msgs, "next": nxt})
+
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ProtocolError)
+    async def protocol_error(_: Request, exc: ProtocolError) -> JSON:
+        return _error(exc.code, exc.message)
+
+    @app.exception_handler(Unavailable)
+    async def unavailable(_: Request, exc: Unavailable) -> JSON:
+        log.warning("unavailable: %s", exc)
+        return _error("unavailable", "a dependency is down; retry later")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSON:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "request"
+        return _error("bad_request", f"{where}: {first.get('msg', 'invalid')}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSON:
+        code = {404: "not_found", 405: "bad_request", 401: "unauthorized",
+                403: "forbidden"}.get(exc.status_code, "bad_request")
+        return _error(code, str(exc.detail), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception) -> JSON:
+        log.error("internal error", exc_info=exc)
+        return _error("internal", "internal error")

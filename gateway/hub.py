@@ -1,0 +1,87 @@
+"""The node's local map: user -> connections (several devices each).
+
+Writes never await: a frame is handed to the socket's transport if its
+write buffer is under the bound, and skipped (counted) otherwise. A chat
+message skipped here is still in the receiver's offline store.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+from websockets.protocol import State
+
+from gateway.metrics import NodeMetrics
+from gateway.ratelimit import TokenBucket
+
+__all__ = ["Client", "Hub"]
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False, slots=True)
+class Client:
+    """One connected device."""
+
+    user: str
+    ws: ServerConnection
+    bucket: TokenBucket
+    id: int = field(default_factory=lambda: next(_ids))
+    bad_frames: int = 0
+    tasks: set[Any] = field(default_factory=set)
+
+    def write(self, frame: bytes, limit: int) -> bool:
+        """Queue ``frame`` on the socket unless it is closed or backed up."""
+        ws = self.ws
+        if ws.protocol.state is not State.OPEN:
+            return False
+        if ws.transport.get_write_buffer_size() > limit:
+            return False
+        ws.protocol.send_text(frame)
+        ws.send_data()
+        return True
+
+
+class Hub:
+    """Local connections of one node, by user."""
+
+    def __init__(self, metrics: NodeMetrics, write_buffer_max: int) -> None:
+        self.metrics = metrics
+        self.write_buffer_max = write_buffer_max
+        self.users: dict[str, dict[int, Client]] = {}
+        self.count = 0
+
+    def add(self, client: Client) -> None:
+        self.users.setdefault(client.user, {})[client.id] = client
+        self.count += 1
+        self.metrics.connections.set(self.count)
+
+    def remove(self, client: Client) -> None:
+        devices = self.users.get(client.user)
+        if devices is None or devices.pop(client.id, None) is None:
+            return
+        if not devices:
+            del self.users[client.user]
+        self.count -= 1
+        self.metrics.connections.set(self.count)
+
+    def clients(self) -> list[Client]:
+        return [c for devices in self.users.values() for c in devices.values()]
+
+    def deliver_to_user(self, user: str, frame: bytes, skip_conn: int | None) -> int:
+        devices = self.users.get(user)
+        if not devices:
+            return 0
+        written = 0
+        for cid, client in devices.items():
+            if cid == skip_conn:
+                continue
+            if client.write(frame, self.write_buffer_max):
+                written += 1
+            else:
+                self.metrics.push_skipped.inc()
+        self.metrics.pushes.inc(written)
+        return written

@@ -1,0 +1,41 @@
+"""Prometheus metrics of one node (a registry per node, so tests can run many)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["NodeMetrics"]
+
+
+class NodeMetrics:
+    """Every counter the node exposes on ``/metrics``."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.connections = Gauge("im_connections", "Open WebSocket connections", registry=r)
+        self.frames_in = Counter("im_frames_in_total", "Client frames received", ["op"],
+                                 registry=r)
+        self.errors = Counter("im_errors_total", "Error replies sent", ["code"], registry=r)
+        self.sends = Counter("im_sends_total", "1:1 sends by outcome", ["outcome"], registry=r)
+        self.send_latency = Histogram(
+            "im_send_ack_seconds", "Send received to ack written",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+        self.pushes = Counter("im_pushes_total", "Frames written to sockets by pushes",
+                              registry=r)
+        self.push_skipped = Counter(
+            "im_push_skipped_total", "Pushes skipped: socket write buffer over bound",
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "im_store_batch_size", "Messages per store batch", ["stage"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r,
+        )
+        self.closed = Counter("im_closed_total", "Connections closed by the node",
+                              ["reason"], registry=r)
+        self.http_requests = Counter("im_http_requests_total", "HTTP API calls",
+                                     ["route", "status"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

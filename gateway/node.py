@@ -1,0 +1,195 @@
+"""A gateway node: one process serving WebSocket and HTTP on its own ports.
+
+Start-up opens the stores and checks each dependency (one clear line if one
+cannot be reached), leases a node id, then listens. ``drain`` is the
+graceful stop: refuse new connections, tell clients to ``reconnect``, close
+them with 1001, finish in-flight sends, release the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+from websockets.asyncio.server import Server, serve
+
+from gateway.chat import ChatService
+from gateway.config import Settings
+from gateway.http_api import build_app
+from gateway.hub import Client, Hub
+from gateway.metrics import NodeMetrics
+from gateway.protocol import encode
+from gateway.session import Sessions
+from router import Router
+from store import Stores
+from store.errors import Unavailable
+from store.ids import MidGenerator
+from store.inbox import InboxLimits
+from store.nodes import NodeLease
+
+__all__ = ["Node", "StartupError"]
+
+log = logging.getLogger("gateway.node")
+
+
+class StartupError(Exception):
+    """A dependency could not be reached at start-up; the message says which."""
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn inside our loop: signals belong to the node, not to uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Node:
+    """Wires stores, router, hub and the two listeners together."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = NodeMetrics()
+        self.hub = Hub(self.metrics, settings.write_buffer_max)
+        self.draining = False
+        self.name = ""
+        self.ws_port = 0
+        self.http_port = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ws_server: Server | None = None
+        self._http: _HttpServer | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+
+    # -- lifecycle -----------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        limits = InboxLimits(offline_max=s.offline_max, offline_ttl_s=s.offline_ttl_s,
+                             unread_cap=s.unread_cap, dedup_ttl_s=s.dedup_ttl_s)
+        self.stores = Stores.open(redis_url=s.redis_url, mongo_url=s.mongo_url,
+                                  namespace=s.namespace, timeout_s=s.dep_timeout_s,
+                                  limits=limits)
+        await self._check_dependencies()
+        self.lease = NodeLease(self.stores.redis, self.stores.keys, int(s.heartbeat_ttl_s))
+        number = await self._acquire_lease()
+        self.name = f"n{number}"
+        self.router = Router(self.name, self.hub)
+        await self.router.start()
+        self.chat = ChatService(self.stores, MidGenerator(number), s, self.metrics)
+        self.sessions = Sessions(self)
+        await self._listen()
+        self._tasks.append(asyncio.create_task(self._heartbeat()))
+        log.info("node %s serving ws=%s:%d http=%s:%d namespace=%s", self.name, s.host,
+                 self.ws_port, s.host, self.http_port, s.namespace)
+
+    async def _check_dependencies(self) -> None:
+        s = self.settings
+        try:
+            await self.stores.inbox.ping()
+        except Unavailable:
+            raise StartupError(f"cannot reach Redis at {s.redis_url}") from None
+        try:
+            await self.stores.messages.ping()
+            await self.stores.messages.ensure_indexes()
+        except Unavailable:
+            raise StartupError(f"cannot reach MongoDB at {s.mongo_url}") from None
+
+    async def _acquire_lease(self) -> int:
+        wanted = self.settings.node_id
+        deadline = asyncio.get_running_loop().time() + self.settings.heartbeat_ttl_s + 1
+        while True:
+            try:
+                return await self.lease.acquire(wanted)
+            except Unavailable as exc:
+                # A configured id still leased by this node's previous life: wait it out.
+                if wanted < 0 or asyncio.get_running_loop().time() > deadline:
+                    raise StartupError(str(exc)) from None
+                await asyncio.sleep(0.5)
+
+    async def _listen(self) -> None:
+        s = self.settings
+        self._ws_server = await serve(
+            self.sessions.handle, s.host, s.ws_port,
+            process_request=self.sessions.process_request,
+            max_size=s.max_frame, compression=None, ping_interval=20, ping_timeout=20,
+            close_timeout=2,
+        )
+        self.ws_port = self._ws_server.sockets[0].getsockname()[1]
+        sock = socket.create_server((s.host, s.http_port), reuse_port=False)
+        self.http_port = sock.getsockname()[1]
+        config = uvicorn.Config(build_app(self), log_level="warning", access_log=False,
+                                lifespan="off", loop="none")
+        self._http = _HttpServer(config)
+        # The socket already listens, so clients can connect before uvicorn is up.
+        self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            try:
+                await self.lease.renew()
+            except Unavailable as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    async def healthy(self) -> bool:
+        try:
+            await self.stores.inbox.ping()
+            await self.stores.messages.ping()
+        except Unavailable:
+            return False
+        return True
+
+    async def drain(self) -> None:
+        """Graceful stop (SIGTERM): bounded by ``drain_timeout_s``."""
+        if self.draining:
+            await self._stopped.wait()
+            return
+        self.draining = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.drain_timeout_s):
+                await self._drain_clients()
+        await self.close()
+
+    async def _drain_clients(self) -> None:
+        if self._ws_server is not None:
+            self._ws_server.close(close_connections=False)
+        frame = encode({"op": "reconnect"})
+        clients = self.hub.clients()
+        for c in clients:
+            c.write(frame, limit=1 << 30)
+        pending = [t for c in clients for t in c.tasks]
+        if pending:
+            await asyncio.wait(pending)
+        await asyncio.gather(*(c.ws.close(1001, "node draining") for c in clients),
+                             return_exceptions=True)
+        await self.chat.close()
+
+    async def close(self) -> None:
+        """Stop at once: listeners, background tasks, connections to the stores."""
+        self.draining = True
+        if self._ws_server is not None:
+            self._ws_server.close()
+            await self._ws_server.wait_closed()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._http is not None:
+            self._http.should_exit = True
+            if self._http_task is not None:
+                await asyncio.gather(self._http_task, return_exceptions=True)
+        with contextlib.suppress(Unavailable):
+            await self.lease.release()
+        await self.router.close()
+        await self.stores.close()
+        self._stopped.set()
+
+    # -- hub events ----------------------------------------------------------
+    def client_connected(self, client: Client) -> None:
+        self.hub.add(client)
+
+    def client_disconnected(self, client: Client) -> None:
+        self.hub.remove(client)

@@ -1,0 +1,209 @@
+"""The client protocol codec: parse and validate frames, encode replies.
+
+Pure functions, no I/O. A frame is one JSON object with ``op``; anything
+that does not fit the contract (docs/protocol.md) raises ``ProtocolError``
+with the request id when one could be read, so the reply can carry ``re``.
+Ids are checked against one pattern before they are used in a key or query.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import ProtocolError
+from store.ids import MAX_MID
+
+__all__ = [
+    "ID_PATTERN",
+    "GroupSend",
+    "Join",
+    "Leave",
+    "Ping",
+    "Read",
+    "RecvAck",
+    "RoomSend",
+    "Send",
+    "check_id",
+    "check_mid",
+    "encode",
+    "error_frame",
+    "parse_frame",
+]
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+MAX_RECV_ACK = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    id: object
+    to: str
+    cmid: str
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSend:
+    id: object
+    group: str
+    cmid: str
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    id: object
+    room: str
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    id: object
+    room: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoomSend:
+    id: object
+    room: str
+    body: Any
+    prio: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecvAck:
+    id: object
+    mids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    id: object
+    conv: str
+    mid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    id: object
+
+
+Frame = Send | GroupSend | Join | Leave | RoomSend | RecvAck | Read | Ping
+
+
+def check_id(value: object, field: str, re_: object = None) -> str:
+    """Return ``value`` if it is a valid user/room/group id, else refuse it."""
+    if isinstance(value, str) and ID_PATTERN.fullmatch(value):
+        return value
+    raise ProtocolError(
+        "bad_request", f"{field} must be 1-64 characters of [A-Za-z0-9_.:-]", re_
+    )
+
+
+def check_mid(value: object, field: str, re_: object = None) -> int:
+    """Return ``value`` if it is an integer mid in 0..2**53-1, else refuse it."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_MID:
+        return value
+    raise ProtocolError("bad_request", f"{field} must be an integer in 0..{MAX_MID}", re_)
+
+
+def _request_id(obj: dict[str, Any]) -> object:
+    rid = obj.get("id")
+    if rid is None:
+        return None
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise ProtocolError("bad_request", "id must be a string or an integer")
+    if isinstance(rid, str) and len(rid) > 64:
+        raise ProtocolError("bad_request", "id must be at most 64 characters")
+    return rid
+
+
+def _body(obj: dict[str, Any], max_body: int, rid: object) -> Any:
+    if "body" not in obj:
+        raise ProtocolError("bad_request", "body is required", rid)
+    body = obj["body"]
+    try:
+        size = len(orjson.dumps(body))
+    except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits
+        raise ProtocolError("bad_request", "body is not encodable JSON", rid) from None
+    if size > max_body:
+        raise ProtocolError("too_large", f"body is {size} bytes; the limit is {max_body}", rid)
+    return body
+
+
+def _parse_send(obj: dict[str, Any], rid: object, max_body: int) -> Send:
+    to = check_id(obj.get("to"), "to", rid)
+    cmid = check_id(obj.get("cmid"), "cmid", rid)
+    return Send(rid, to, cmid, _body(obj, max_body, rid))
+
+
+def _parse_group_send(obj: dict[str, Any], rid: object, max_body: int) -> GroupSend:
+    group = check_id(obj.get("group"), "group", rid)
+    cmid = check_id(obj.get("cmid"), "cmid", rid)
+    return GroupSend(rid, group, cmid, _body(obj, max_body, rid))
+
+
+def _parse_room_send(obj: dict[str, Any], rid: object, max_body: int) -> RoomSend:
+    room = check_id(obj.get("room"), "room", rid)
+    prio = obj.get("prio", 0)
+    if prio not in (0, 1) or isinstance(prio, bool):
+        raise ProtocolError("bad_request", "prio must be 0 or 1", rid)
+    return RoomSend(rid, room, _body(obj, max_body, rid), int(prio))
+
+
+def _parse_recv_ack(obj: dict[str, Any], rid: object) -> RecvAck:
+    mids = obj.get("mids")
+    if not isinstance(mids, list) or not mids or len(mids) > MAX_RECV_ACK:
+        raise ProtocolError("bad_request", f"mids must be a list of 1..{MAX_RECV_ACK} mids", rid)
+    return RecvAck(rid, tuple(check_mid(m, "mids[]", rid) for m in mids))
+
+
+def _parse_read(obj: dict[str, Any], rid: object) -> Read:
+    conv = check_id(obj.get("conv"), "conv", rid)
+    return Read(rid, conv, check_mid(obj.get("mid"), "mid", rid))
+
+
+def parse_frame(data: str | bytes, max_body: int) -> Frame:
+    """Decode and validate one client frame."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise ProtocolError("bad_request", "frame is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("bad_request", "frame must be a JSON object")
+    rid = _request_id(obj)
+    op = obj.get("op")
+    if op == "send":
+        return _parse_send(obj, rid, max_body)
+    if op == "recv_ack":
+        return _parse_recv_ack(obj, rid)
+    if op == "read":
+        return _parse_read(obj, rid)
+    if op == "ping":
+        return Ping(rid)
+    if op == "group_send":
+        return _parse_group_send(obj, rid, max_body)
+    if op in ("join", "leave"):
+        room = check_id(obj.get("room"), "room", rid)
+        return Join(rid, room) if op == "join" else Leave(rid, room)
+    if op == "room_send":
+        return _parse_room_send(obj, rid, max_body)
+    if not isinstance(op, str):
+        raise ProtocolError("bad_request", "op is required and must be a string", rid)
+    raise ProtocolError("bad_request", f"unknown op {op[:32]!r}", rid)
+
+
+def encode(frame: dict[str, Any]) -> bytes:
+    """Encode a server frame once; the bytes are what every socket gets."""
+    return orjson.dumps(frame)
+
+
+def error_frame(err: ProtocolError) -> bytes:
+    frame: dict[str, Any] = {"op": "error", "code": err.code, "message": err.message}
+    if err.re is not None:
+        frame["re"] = err.re
+    return orjson.dumps(frame)

@@ -1,0 +1,171 @@
+"""One WebSocket connection: authenticate, read frames, dispatch, reply.
+
+Sends run as tasks (at most ``max_inflight`` per connection), so a client
+that pipelines sends gets them batched with everyone else's; when the bound
+is reached the reader waits, which pushes back on the client's TCP stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from gateway import protocol as p
+from gateway.auth import bearer_token, verify_token
+from gateway.errors import ProtocolError
+from gateway.hub import Client
+from gateway.ratelimit import TokenBucket
+from store.errors import Unavailable
+
+if TYPE_CHECKING:
+    from gateway.node import Node
+
+__all__ = ["Sessions"]
+
+log = logging.getLogger("gateway.session")
+T = TypeVar("T")
+
+
+class Sessions:
+    """WebSocket entry points of a node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.settings = node.settings
+
+    # -- handshake -----------------------------------------------------------
+    def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        if request.path.split("?", 1)[0] != "/ws":
+            return conn.respond(HTTPStatus.NOT_FOUND, "WebSocket endpoint is /ws\n")
+        if self.node.draining:
+            return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "node is draining\n")
+        token = bearer_token(request.headers.get("Authorization")) or _query_token(request.path)
+        try:
+            conn.username = verify_token(self.settings.auth_secret, token)
+        except ProtocolError as err:
+            return conn.respond(HTTPStatus.UNAUTHORIZED, err.message + "\n")
+        return None
+
+    # -- connection ----------------------------------------------------------
+    async def handle(self, ws: ServerConnection) -> None:
+        s = self.settings
+        client = Client(ws.username, ws, TokenBucket(s.send_rate, s.send_burst, time.monotonic()))
+        self.node.client_connected(client)
+        try:
+            async for data in ws:
+                await self._on_frame(client, data)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.node.client_disconnected(client)
+
+    async def _on_frame(self, client: Client, data: str | bytes) -> None:
+        try:
+            frame = p.parse_frame(data, self.settings.max_body)
+        except ProtocolError as err:
+            await self._refuse(client, err)
+            return
+        self.node.metrics.frames_in.labels(type(frame).__name__.lower()).inc()
+        if isinstance(frame, p.Send):
+            if not client.bucket.take(time.monotonic()):
+                await self._error(client, ProtocolError("rate_limited", "too many sends", frame.id))
+                return
+            await self._spawn(client, self._send(client, frame))
+        elif isinstance(frame, p.Ping):
+            await self._reply(client, {"op": "pong", "re": frame.id})
+        elif isinstance(frame, p.Read):
+            await self._spawn(client, self._read(client, frame))
+        elif isinstance(frame, p.RecvAck):
+            await self._spawn(client, self._recv_ack(client, frame))
+        else:
+            op = type(frame).__name__
+            await self._error(client, ProtocolError(
+                "bad_request", f"op {op!r} is not served by this node version", frame.id))
+
+    async def _spawn(self, client: Client, work: Awaitable[None]) -> None:
+        while len(client.tasks) >= self.settings.max_inflight:
+            await asyncio.wait(client.tasks, return_when=asyncio.FIRST_COMPLETED)
+        task = asyncio.ensure_future(work)
+        client.tasks.add(task)
+        task.add_done_callback(client.tasks.discard)
+
+    # -- ops -----------------------------------------------------------------
+    async def _send(self, client: Client, f: p.Send) -> None:
+        started = time.perf_counter()
+        result = await self._guarded(
+            client, f.id, lambda: self.node.chat.send(client.user, f.to, f.cmid, f.body)
+        )
+        if result is None:
+            return
+        await self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid,
+                                   "mid": result.mid, "ts": result.ts})
+        self.node.metrics.send_latency.observe(time.perf_counter() - started)
+        if result.frame is not None:
+            self.node.router.push_to_user(f.to, result.frame)
+            self.node.router.push_to_user(client.user, result.frame, skip_conn=client.id)
+
+    async def _read(self, client: Client, f: p.Read) -> None:
+        done = await self._guarded(
+            client, f.id, lambda: self.node.chat.mark_read(client.user, f.conv, f.mid))
+        if done is not None:
+            await self._reply(client, {"op": "ok", "re": f.id})
+
+    async def _recv_ack(self, client: Client, f: p.RecvAck) -> None:
+        await self._guarded(client, f.id, lambda: self.node.chat.recv_ack(client.user, f.mids))
+
+    async def _guarded(self, client: Client, rid: object,
+                       call: Callable[[], Awaitable[T]]) -> T | None:
+        """Run ``call``; turn every failure into a protocol error for the client."""
+        try:
+            async with asyncio.timeout(self.settings.send_timeout_s):
+                return await call()
+        except ProtocolError as err:
+            err.re = rid
+            await self._error(client, err)
+        except (Unavailable, TimeoutError) as exc:
+            self.node.metrics.sends.labels("unavailable").inc()
+            log.warning("unavailable for %s: %s", client.user, exc)
+            await self._error(client, ProtocolError(
+                "unavailable", "a dependency is down; nothing was stored, retry", rid))
+        except Exception:
+            log.exception("internal error")
+            await self._error(client, ProtocolError("internal", "internal error", rid))
+        return None
+
+    # -- replies -------------------------------------------------------------
+    async def _refuse(self, client: Client, err: ProtocolError) -> None:
+        await self._error(client, err)
+        client.bad_frames += 1
+        if client.bad_frames >= self.settings.bad_frame_limit:
+            self.node.metrics.closed.labels("bad_frames").inc()
+            await client.ws.close(1008, "too many bad frames")
+
+    async def _error(self, client: Client, err: ProtocolError) -> None:
+        self.node.metrics.errors.labels(err.code).inc()
+        await self._send_bytes(client, p.error_frame(err))
+
+    async def _reply(self, client: Client, frame: dict[str, object]) -> None:
+        if frame.get("re") is None:
+            frame.pop("re", None)
+        await self._send_bytes(client, p.encode(frame))
+
+    @staticmethod
+    async def _send_bytes(client: Client, data: bytes) -> None:
+        try:
+            await client.ws.send(data, text=True)
+        except ConnectionClosed:
+            pass
+
+
+def _query_token(path: str) -> str | None:
+    values = parse_qs(urlsplit(path).query).get("token")
+    return values[0] if values else None

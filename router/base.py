@@ -1,0 +1,29 @@
+"""The router's boundaries: what it needs from the node and from a broker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = ["Broker", "LocalDelivery"]
+
+
+class LocalDelivery(Protocol):
+    """The node's connection map, as the router sees it."""
+
+    def deliver_to_user(self, user: str, frame: bytes, skip_conn: int | None) -> int:
+        """Write ``frame`` to every local connection of ``user`` but ``skip_conn``.
+
+        Never awaits; returns how many sockets took it.
+        """
+        ...
+
+
+class Broker(Protocol):
+    """Carries envelopes between nodes. Implementations: ``broker_*.py``."""
+
+    async def start(self, node: str, on_envelope: Callable[[bytes], None]) -> None: ...
+
+    async def publish(self, node: str, envelope: bytes) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,54 @@
+"""State: Redis (offline store, unread, dedup, routes) and MongoDB (messages, boxes).
+
+``Stores.connect`` opens both and checks they answer; everything else in the
+product reaches Redis and MongoDB through the classes here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from pymongo import AsyncMongoClient
+
+from store.errors import Unavailable
+from store.inbox import InboxLimits, InboxStore
+from store.keys import Keys
+from store.messages import MessageStore
+from store.mongo_client import connect_mongo
+from store.redis_client import connect_redis
+
+__all__ = ["Stores", "Unavailable"]
+
+
+@dataclass
+class Stores:
+    """The open connections and the stores built on them."""
+
+    redis: aioredis.Redis
+    mongo: AsyncMongoClient[dict[str, Any]]
+    keys: Keys
+    inbox: InboxStore
+    messages: MessageStore
+
+    @classmethod
+    def open(
+        cls, *, redis_url: str, mongo_url: str, namespace: str, timeout_s: float,
+        limits: InboxLimits,
+    ) -> Stores:
+        redis = connect_redis(redis_url, timeout_s)
+        mongo = connect_mongo(mongo_url, timeout_s)
+        keys = Keys(namespace)
+        return cls(redis, mongo, keys, InboxStore(redis, keys, limits),
+                   MessageStore(mongo, namespace))
+
+    async def check(self) -> None:
+        """Raise ``Unavailable`` naming the first dependency that does not answer."""
+        await self.inbox.ping()
+        await self.messages.ping()
+        await self.messages.ensure_indexes()
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        await self.mongo.close()

@@ -1,0 +1,90 @@
+"""Group commit: callers submit one item each, a flush handles many at once.
+
+While a flush is in flight, new items queue; the next flush takes them all
+(up to ``max_batch``). Under light load a flush carries one item and adds no
+delay; under heavy load batches grow by themselves. The queue is bounded:
+past ``max_pending`` a submit fails at once with ``Unavailable`` instead of
+growing memory and latency without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+from store.errors import Unavailable
+
+__all__ = ["Batcher"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+Flush = Callable[[list[T]], Awaitable[Sequence[R | BaseException]]]
+
+
+class Batcher(Generic[T, R]):
+    """Runs ``flush`` over batches of submitted items; one result per item."""
+
+    def __init__(
+        self,
+        flush: Flush[T, R],
+        *,
+        name: str,
+        max_batch: int = 256,
+        max_pending: int = 20_000,
+        concurrency: int = 1,
+    ) -> None:
+        self._flush = flush
+        self.name = name
+        self.max_batch = max_batch
+        self.max_pending = max_pending
+        self.concurrency = concurrency
+        self._queue: deque[tuple[T, asyncio.Future[R]]] = deque()
+        self._runners: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        self.items = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, item: T) -> R:
+        if len(self._queue) >= self.max_pending:
+            raise Unavailable(self.name, "overloaded")
+        fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, fut))
+        if len(self._runners) < self.concurrency:
+            task = asyncio.create_task(self._run())
+            self._runners.add(task)
+            task.add_done_callback(self._runners.discard)
+        return await fut
+
+    async def _run(self) -> None:
+        while self._queue:
+            n = min(self.max_batch, len(self._queue))
+            batch = [self._queue.popleft() for _ in range(n)]
+            self.batches += 1
+            self.items += n
+            try:
+                results = await self._flush([item for item, _ in batch])
+            except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (_, fut), result in zip(batch, results, strict=True):
+                if fut.done():
+                    continue
+                if isinstance(result, BaseException):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+
+    async def close(self) -> None:
+        """Wait for queued items to be flushed."""
+        while self._runners:
+            await asyncio.gather(*self._runners, return_exceptions=True)

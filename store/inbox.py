@@ -1,0 +1,161 @@
+"""Per-user state in Redis: dedup keys, offline store, unread, conversations.
+
+Every multi-key change is one Lua script over keys of one user (one hash
+tag), so it is atomic and Redis Cluster friendly. Batched entry points take
+many messages and make one round trip for all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from store.errors import Unavailable
+from store.ids import mid_for_time_ms
+from store.keys import Keys
+from store.redis_client import load_lua, redis_guard
+
+__all__ = ["ConversationRow", "Delivery", "InboxLimits", "InboxStore", "OfflinePage"]
+
+
+@dataclass(frozen=True, slots=True)
+class InboxLimits:
+    offline_max: int = 1000
+    offline_ttl_s: int = 7 * 86_400
+    unread_cap: int = 9999
+    convs_max: int = 1000
+    dedup_ttl_s: int = 86_400
+    pending_ttl_s: int = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message to record for one user (the receiver, or the sender's copy)."""
+
+    owner: str
+    conv: str
+    mid: int
+    frame: bytes
+    unread: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OfflinePage:
+    """``complete`` False: the store cannot vouch for (since, ...]; ask Mongo."""
+
+    complete: bool
+    rows: list[tuple[int, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRow:
+    conv: str
+    unread: int
+    last: bytes | None
+
+
+class InboxStore:
+    """Redis side of chat state for one namespace."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, limits: InboxLimits) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.limits = limits
+        self._deliver = redis.register_script(load_lua("deliver.lua"))
+        self._read = redis.register_script(load_lua("read.lua"))
+        self._ack = redis.register_script(load_lua("offline_ack.lua"))
+        self._page = redis.register_script(load_lua("offline_page.lua"))
+        self._convs = redis.register_script(load_lua("conversations.lua"))
+
+    # -- dedup ---------------------------------------------------------------
+    async def claim_cmids(self, claims: Sequence[tuple[str, str, int]]) -> list[str | None]:
+        """For each (sender, cmid, new mid): None if new, else the stored value.
+
+        The stored value is ``p:<mid>`` (a send in flight or failed: reuse its
+        mid, the writes are idempotent) or ``d:<mid>`` (already acked).
+        """
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for sender, cmid, mid in claims:
+                pipe.set(
+                    self.keys.dedup(sender, cmid), f"p:{mid}", nx=True, get=True,
+                    ex=self.limits.pending_ttl_s,
+                )
+            raw = await pipe.execute()
+        return [None if v is None else v.decode() for v in raw]
+
+    # -- delivery ------------------------------------------------------------
+    async def deliver(
+        self, deliveries: Sequence[Delivery], done: Sequence[tuple[str, str, int]]
+    ) -> list[int]:
+        """Record every delivery and mark every (sender, cmid, mid) acked.
+
+        One round trip. Returns, per delivery, 1 if it was new, 0 if a retry.
+        """
+        lim = self.limits
+        oldest = mid_for_time_ms(int(time.time() * 1000) - lim.offline_ttl_s * 1000)
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for d in deliveries:
+                k = self.keys
+                await self._deliver(
+                    keys=[
+                        k.offline(d.owner), k.offline_meta(d.owner), k.unread(d.owner),
+                        k.unread_mids(d.owner, d.conv), k.convs(d.owner), k.conv_last(d.owner),
+                    ],
+                    args=[
+                        d.mid, d.frame, d.conv, "1" if d.unread else "0", lim.offline_max,
+                        oldest, lim.unread_cap, lim.convs_max, lim.offline_ttl_s,
+                    ],
+                    client=pipe,
+                )
+            for sender, cmid, mid in done:
+                pipe.set(self.keys.dedup(sender, cmid), f"d:{mid}", ex=lim.dedup_ttl_s)
+            results = await pipe.execute()
+        return [int(r) for r in results[: len(deliveries)]]
+
+    # -- reading -------------------------------------------------------------
+    async def mark_read(self, user: str, conv: str, mid: int) -> int:
+        async with redis_guard():
+            count = await self._read(
+                keys=[self.keys.unread(user), self.keys.unread_mids(user, conv)],
+                args=[conv, mid],
+            )
+        return int(count)
+
+    async def offline_ack(self, user: str, *, mids: Sequence[int] = (), upto: int = -1) -> None:
+        args: list[Any] = ["upto", upto] if upto >= 0 else ["mids", *mids]
+        async with redis_guard():
+            await self._ack(keys=[self.keys.offline(user), self.keys.offline_meta(user)], args=args)
+
+    async def offline_page(self, user: str, since: int, count: int) -> OfflinePage:
+        async with redis_guard():
+            raw = await self._page(
+                keys=[self.keys.offline(user), self.keys.offline_meta(user)], args=[since, count]
+            )
+        floor = raw[0]
+        if floor is None or floor is False or int(floor) > since:
+            return OfflinePage(False, [])
+        rows = [(int(float(raw[i + 1])), raw[i]) for i in range(1, len(raw), 2)]
+        return OfflinePage(True, rows)
+
+    async def conversations(self, user: str, count: int) -> tuple[int, list[ConversationRow]]:
+        k = self.keys
+        async with redis_guard():
+            raw = await self._convs(
+                keys=[k.convs(user), k.conv_last(user), k.unread(user)], args=[count]
+            )
+        rows = [
+            ConversationRow(raw[i].decode(), int(raw[i + 1]), raw[i + 2] or None)
+            for i in range(1, len(raw), 3)
+        ]
+        return int(raw[0]), rows
+
+    async def ping(self) -> None:
+        async with redis_guard():
+            if not await self.redis.ping():
+                raise Unavailable("redis", "no PONG")

@@ -1,0 +1,58 @@
+"""Every Redis key the product uses, built here and nowhere else.
+
+Keys of one user carry that user's id as the Redis Cluster hash tag
+(``{alice}``), so a Lua script that touches one user's keys touches one slot.
+Ids are validated against ``[A-Za-z0-9_.:-]{1,64}`` before they get here, so
+they never contain braces.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Keys"]
+
+
+class Keys:
+    """Key builder for one namespace (``IM_NAMESPACE``)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.ns = namespace
+
+    # -- per user (hash tag = user id) ---------------------------------------
+    def offline(self, user: str) -> str:
+        """Sorted set: score = mid, member = encoded message."""
+        return f"{self.ns}:off:{{{user}}}"
+
+    def offline_meta(self, user: str) -> str:
+        """Hash: ``floor`` = the zset is complete for mids above this."""
+        return f"{self.ns}:offm:{{{user}}}"
+
+    def unread(self, user: str) -> str:
+        """Hash: conversation -> unread count; field ``*`` = total."""
+        return f"{self.ns}:unr:{{{user}}}"
+
+    def unread_mids(self, user: str, conv: str) -> str:
+        """Sorted set of unread mids in one conversation (score = member = mid)."""
+        return f"{self.ns}:unm:{{{user}}}:{conv}"
+
+    def convs(self, user: str) -> str:
+        """Sorted set: conversation -> mid of its last message."""
+        return f"{self.ns}:cv:{{{user}}}"
+
+    def conv_last(self, user: str) -> str:
+        """Hash: conversation -> encoded last message."""
+        return f"{self.ns}:cvl:{{{user}}}"
+
+    def dedup(self, user: str, cmid: str) -> str:
+        """String: ``p:<mid>`` while a send is in flight, ``d:<mid>`` once acked."""
+        return f"{self.ns}:dd:{{{user}}}:{cmid}"
+
+    def routes(self, user: str) -> str:
+        """Hash: connection id -> node id, for every connected device."""
+        return f"{self.ns}:rt:{{{user}}}"
+
+    # -- nodes ---------------------------------------------------------------
+    def node_lease(self, node_num: int) -> str:
+        return f"{self.ns}:nodeid:{node_num}"
+
+    def node_alive(self, node: str) -> str:
+        return f"{self.ns}:alive:{node}"

@@ -1,0 +1,148 @@
+"""Message bodies and per-user boxes in MongoDB.
+
+``messages``: one document per message, ``_id`` = mid, unique on
+(``from``, ``cmid``) so a resend is recognised even when Redis has lost its
+dedup keys. ``boxes``: one small index entry per side (seed 003's
+im_user_msg_box), ``_id`` = ``owner:mid`` so rewriting one is idempotent;
+sync and history read boxes, then bodies by mid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import BulkWriteError
+
+from store.errors import Unavailable
+from store.ids import mid_time_ms
+from store.mongo_client import mongo_guard
+
+__all__ = ["ChatMessage", "MessageStore", "msg_frame"]
+
+DUPLICATE_KEY = 11000
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """A 1:1 message as the send path hands it to the store."""
+
+    mid: int
+    sender: str
+    to: str
+    cmid: str
+    body: Any
+
+
+def msg_frame(mid: int, sender: str, to: str, body: Any) -> dict[str, Any]:
+    """The ``msg`` push / sync entry (docs/protocol.md)."""
+    return {"op": "msg", "mid": mid, "from": sender, "to": to, "body": body,
+            "ts": mid_time_ms(mid)}
+
+
+class MessageStore:
+    """MongoDB side of 1:1 chat for one namespace (database)."""
+
+    def __init__(self, client: AsyncMongoClient[dict[str, Any]], db_name: str) -> None:
+        self.client = client
+        self.db: AsyncDatabase[dict[str, Any]] = client[db_name]
+        self.messages = self.db["messages"]
+        self.boxes = self.db["boxes"]
+
+    async def ensure_indexes(self) -> None:
+        async with mongo_guard():
+            await self.messages.create_index(
+                [("from", ASCENDING), ("cmid", ASCENDING)], unique=True, name="sender_cmid"
+            )
+            await self.boxes.create_index(
+                [("owner", ASCENDING), ("mid", ASCENDING)], name="owner_mid"
+            )
+            await self.boxes.create_index(
+                [("owner", ASCENDING), ("conv", ASCENDING), ("mid", ASCENDING)],
+                name="owner_conv_mid",
+            )
+
+    async def ping(self) -> None:
+        async with mongo_guard():
+            await self.db.command("ping")
+
+    async def store_batch(self, msgs: Sequence[ChatMessage]) -> list[int | BaseException]:
+        """Write bodies, then box entries, in two bulk round trips.
+
+        Returns per message the authoritative mid: its own, or the original
+        one when (sender, cmid) was already stored under another mid.
+        """
+        resolved = await self._insert_bodies(msgs)
+        boxes: list[dict[str, Any]] = []
+        for m, mid in zip(msgs, resolved, strict=True):
+            if isinstance(mid, int):
+                boxes.append({"_id": f"{m.sender}:{mid}", "owner": m.sender, "conv": m.to,
+                              "mid": mid, "out": True})
+                boxes.append({"_id": f"{m.to}:{mid}", "owner": m.to, "conv": m.sender,
+                              "mid": mid, "out": False})
+        if boxes:
+            await self._insert_ignoring_duplicates(boxes)
+        return resolved
+
+    async def _insert_bodies(self, msgs: Sequence[ChatMessage]) -> list[int | BaseException]:
+        docs = [{"_id": m.mid, "from": m.sender, "to": m.to, "cmid": m.cmid, "body": m.body}
+                for m in msgs]
+        out: list[int | BaseException] = [m.mid for m in msgs]
+        async with mongo_guard():
+            try:
+                await self.messages.insert_many(docs, ordered=False)
+                return out
+            except BulkWriteError as exc:
+                errors = exc.details.get("writeErrors", [])
+            dup = [e["index"] for e in errors if e.get("code") == DUPLICATE_KEY]
+            for e in errors:
+                if e.get("code") != DUPLICATE_KEY:
+                    out[e["index"]] = Unavailable("mongo", f"write error {e.get('code')}")
+            if dup:
+                ors = [{"from": msgs[i].sender, "cmid": msgs[i].cmid} for i in dup]
+                found = {(d["from"], d["cmid"]): d["_id"]
+                         async for d in self.messages.find({"$or": ors}, {"from": 1, "cmid": 1})}
+                for i in dup:
+                    mid = found.get((msgs[i].sender, msgs[i].cmid))
+                    out[i] = mid if mid is not None else Unavailable("mongo", "duplicate race")
+        return out
+
+    async def _insert_ignoring_duplicates(self, docs: list[dict[str, Any]]) -> None:
+        async with mongo_guard():
+            try:
+                await self.boxes.insert_many(docs, ordered=False)
+            except BulkWriteError as exc:
+                bad = [e for e in exc.details.get("writeErrors", [])
+                       if e.get("code") != DUPLICATE_KEY]
+                if bad:
+                    raise Unavailable("mongo", f"write error {bad[0].get('code')}") from exc
+
+    async def box_page(
+        self, owner: str, *, conv: str | None = None, after: int | None = None,
+        before: int | None = None, limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Messages in ``owner``'s box, as ``msg`` frames.
+
+        ``after``: ascending from there (sync); ``before``: descending (history).
+        """
+        query: dict[str, Any] = {"owner": owner}
+        if conv is not None:
+            query["conv"] = conv
+        if after is not None:
+            query["mid"] = {"$gt": after}
+            order = ASCENDING
+        else:
+            if before is not None:
+                query["mid"] = {"$lt": before}
+            order = DESCENDING
+        async with mongo_guard():
+            mids = [b["mid"] async for b in
+                    self.boxes.find(query, {"mid": 1, "_id": 0}).sort("mid", order).limit(limit)]
+            if not mids:
+                return []
+            bodies = {d["_id"]: d async for d in self.messages.find({"_id": {"$in": mids}})}
+        return [msg_frame(mid, d["from"], d["to"], d["body"])
+                for mid in mids if (d := bodies.get(mid)) is not None]

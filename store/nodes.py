@@ -1,0 +1,67 @@
+"""Node identity and liveness in Redis.
+
+A node leases a numeric id (0..255, the node bits of every mid it issues)
+with ``SET NX EX`` and renews it with its heartbeat; while the lease lives
+no other node can take the number, so mids stay unique without manual care.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import redis.asyncio as aioredis
+
+from store.errors import Unavailable
+from store.ids import MAX_NODE_ID
+from store.keys import Keys
+from store.redis_client import redis_guard
+
+__all__ = ["NodeLease"]
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+end
+return redis.error_reply('lease lost')
+"""
+
+
+class NodeLease:
+    """The numeric id a node holds, kept alive by ``renew``."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.ttl_s = ttl_s
+        self.token = secrets.token_hex(8)
+        self.number = -1
+        self._renew = redis.register_script(_RENEW)
+
+    async def acquire(self, wanted: int = -1) -> int:
+        """Take ``wanted`` (0..255), or the first free number when it is -1."""
+        candidates = [wanted] if wanted >= 0 else list(range(MAX_NODE_ID + 1))
+        async with redis_guard():
+            for n in candidates:
+                if await self.redis.set(self.keys.node_lease(n), self.token, nx=True,
+                                        ex=self.ttl_s):
+                    self.number = n
+                    return n
+        if wanted >= 0:
+            raise Unavailable("redis", f"node id {wanted} is held by another live node")
+        raise Unavailable("redis", "all 256 node ids are leased")
+
+    async def renew(self) -> None:
+        """Extend the lease; re-take it if Redis lost it (e.g. after a flush)."""
+        async with redis_guard():
+            try:
+                await self._renew(keys=[self.keys.node_lease(self.number)],
+                                  args=[self.token, self.ttl_s])
+            except aioredis.ResponseError:
+                if not await self.redis.set(self.keys.node_lease(self.number), self.token,
+                                            nx=True, ex=self.ttl_s):
+                    raise Unavailable("redis", "node id lease taken by another node") from None
+
+    async def release(self) -> None:
+        async with redis_guard():
+            if await self.redis.get(self.keys.node_lease(self.number)) == self.token.encode():
+                await self.redis.delete(self.keys.node_lease(self.number))

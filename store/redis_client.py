@@ -1,0 +1,41 @@
+"""The Redis connection and its error mapping."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from store.errors import Unavailable
+
+__all__ = ["connect_redis", "load_lua", "redis_guard"]
+
+
+def connect_redis(url: str, timeout_s: float) -> aioredis.Redis:
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        health_check_interval=15,
+        max_connections=64,
+    )
+
+
+def load_lua(name: str) -> str:
+    return resources.files("store").joinpath("lua", name).read_text()
+
+
+@asynccontextmanager
+async def redis_guard() -> AsyncIterator[None]:
+    """Turn a Redis failure into ``Unavailable`` with no driver text for clients."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise Unavailable("redis", type(exc).__name__) from exc
+    except RedisError as exc:  # e.g. OOM, LOADING, READONLY: still nothing stored
+        raise Unavailable("redis", type(exc).__name__) from exc
