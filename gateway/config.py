@@ -29,6 +29,7 @@ class Settings:
     ws_port: int = 8080
     http_port: int = 8081
     namespace: str = "im"
+    mongo_w: str = "majority"  # write concern w; writes are always journaled (j: true)
     max_body: int = 4096  # bytes of encoded body
     max_frame: int = 65_536  # bytes; larger frames close the socket with 1009
     offline_max: int = 1000  # newest entries kept per user

@@ -72,7 +72,7 @@ class Node:
                              unread_cap=s.unread_cap, dedup_ttl_s=s.dedup_ttl_s)
         self.stores = Stores.open(redis_url=s.redis_url, mongo_url=s.mongo_url,
                                   namespace=s.namespace, timeout_s=s.dep_timeout_s,
-                                  limits=limits)
+                                  limits=limits, mongo_w=s.mongo_w)
         await self._check_dependencies()
         self.lease = NodeLease(self.stores.redis, self.stores.keys, int(s.heartbeat_ttl_s))
         number = await self._acquire_lease()

@@ -35,10 +35,10 @@ class Stores:
     @classmethod
     def open(
         cls, *, redis_url: str, mongo_url: str, namespace: str, timeout_s: float,
-        limits: InboxLimits,
+        limits: InboxLimits, mongo_w: str = "majority",
     ) -> Stores:
         redis = connect_redis(redis_url, timeout_s)
-        mongo = connect_mongo(mongo_url, timeout_s)
+        mongo = connect_mongo(mongo_url, timeout_s, mongo_w)
         keys = Keys(namespace)
         return cls(redis, mongo, keys, InboxStore(redis, keys, limits),
                    MessageStore(mongo, namespace))

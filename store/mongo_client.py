@@ -14,10 +14,20 @@ from store.errors import Unavailable
 __all__ = ["connect_mongo", "mongo_guard"]
 
 
-def connect_mongo(url: str, timeout_s: float) -> AsyncMongoClient[dict[str, Any]]:
+def connect_mongo(url: str, timeout_s: float, w: str = "majority"
+                  ) -> AsyncMongoClient[dict[str, Any]]:
+    """A client whose writes are acknowledged only once journaled (``j: true``).
+
+    Without ``j`` an acknowledged write can sit in the server's memory: a
+    SIGKILL of the server loses it (seen with SecantusDB, and mongod's
+    journal interval allows the same). ``w`` is ``majority`` so that on a
+    replica set an ack also survives the loss of the primary.
+    """
     ms = int(timeout_s * 1000)
     return AsyncMongoClient(
         url,
+        w=int(w) if w.isdigit() else w,
+        journal=True,
         serverSelectionTimeoutMS=ms,
         connectTimeoutMS=ms,
         socketTimeoutMS=ms * 2,

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 _rids = itertools.count(1)
 
@@ -27,13 +28,18 @@ class WsClient:
         return cls(ws)
 
     async def _read(self) -> None:
-        async for data in self.ws:
-            frame = orjson.loads(data)
-            fut = self._waiting.pop(frame.get("re"), None) if "re" in frame else None
-            if fut is not None and not fut.done():
-                fut.set_result(frame)
-            else:
-                self.pushes.put_nowait(frame)
+        try:
+            async for data in self.ws:
+                self._dispatch(orjson.loads(data))
+        except ConnectionClosed:
+            pass
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        fut = self._waiting.pop(frame.get("re"), None) if "re" in frame else None
+        if fut is not None and not fut.done():
+            fut.set_result(frame)
+        else:
+            self.pushes.put_nowait(frame)
 
     async def request(self, op: str, timeout: float = 10, **fields: Any) -> dict[str, Any]:
         rid = f"r{next(_rids)}"
