@@ -36,6 +36,8 @@ class SendResult:
     mid: int
     ts: int
     frame: bytes | None  # the push frame; None for a duplicate (nothing new to push)
+    sender_routes: dict[str, str] | None = None  # connection -> node
+    receiver_routes: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,7 @@ class ChatService:
             self._flush_claims, name="redis", **common)
         self._writes: Batcher[ChatMessage, int] = Batcher(
             self._flush_writes, name="mongo", **common)
-        self._deliveries: Batcher[_Outgoing, None] = Batcher(
+        self._deliveries: Batcher[_Outgoing, tuple[dict[str, str], dict[str, str]]] = Batcher(
             self._flush_deliveries, name="redis", **common)
 
     # -- send ----------------------------------------------------------------
@@ -86,9 +88,10 @@ class ChatService:
             mid = int(old)  # in flight or failed earlier: redo it under the same mid
         mid = await self._writes.submit(ChatMessage(mid, sender, to, cmid, body))
         frame = encode(msg_frame(mid, sender, to, body))
-        await self._deliveries.submit(_Outgoing(ChatMessage(mid, sender, to, cmid, body), frame))
+        routes = await self._deliveries.submit(
+            _Outgoing(ChatMessage(mid, sender, to, cmid, body), frame))
         self.metrics.sends.labels("stored").inc()
-        return SendResult(mid, mid_time_ms(mid), frame)
+        return SendResult(mid, mid_time_ms(mid), frame, *routes)
 
     async def _flush_claims(self, claims: list[Claim]) -> list[str | None]:
         self.metrics.batch_size.labels("dedup").observe(len(claims))
@@ -98,7 +101,9 @@ class ChatService:
         self.metrics.batch_size.labels("mongo").observe(len(msgs))
         return await self.stores.messages.store_batch(msgs)
 
-    async def _flush_deliveries(self, items: list[_Outgoing]) -> list[None]:
+    async def _flush_deliveries(
+        self, items: list[_Outgoing]
+    ) -> list[tuple[dict[str, str], dict[str, str]]]:
         self.metrics.batch_size.labels("redis").observe(len(items))
         deliveries: list[Delivery] = []
         done: list[Claim] = []
@@ -107,8 +112,8 @@ class ChatService:
             deliveries.append(Delivery(m.sender, m.to, m.mid, it.frame, unread=False))
             deliveries.append(Delivery(m.to, m.sender, m.mid, it.frame, unread=True))
             done.append((m.sender, m.cmid, m.mid))
-        await self.stores.inbox.deliver(deliveries, done)
-        return [None] * len(items)
+        routes = await self.stores.inbox.deliver(deliveries, done)
+        return [(routes[2 * i], routes[2 * i + 1]) for i in range(len(items))]
 
     async def close(self) -> None:
         for b in (self._claims, self._writes, self._deliveries):

@@ -29,6 +29,7 @@ class Settings:
     ws_port: int = 8080
     http_port: int = 8081
     namespace: str = "im"
+    broker: str = "rabbitmq"  # or "memory": a single node without RabbitMQ
     mongo_w: str = "majority"  # write concern w; writes are always journaled (j: true)
     max_body: int = 4096  # bytes of encoded body
     max_frame: int = 65_536  # bytes; larger frames close the socket with 1009
@@ -69,6 +70,8 @@ class Settings:
             raise ConfigError("IM_NAMESPACE must be 1-32 characters of [A-Za-z0-9_-]")
         if not -1 <= self.node_id <= 255:
             raise ConfigError("IM_NODE_ID must be in 0..255 (or unset to lease one)")
+        if self.broker not in ("rabbitmq", "memory"):
+            raise ConfigError("IM_BROKER must be rabbitmq or memory")
         if len(self.auth_secret.encode()) < 32:
             raise ConfigError("IM_AUTH_SECRET must be at least 32 bytes (RFC 7518 3.2 for HS256)")
         for name in ("max_body", "max_frame", "offline_max", "batch_max", "pending_max"):

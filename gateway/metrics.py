@@ -34,6 +34,8 @@ class NodeMetrics:
         )
         self.closed = Counter("im_closed_total", "Connections closed by the node",
                               ["reason"], registry=r)
+        self.replays = Counter("im_broker_replays_total",
+                               "Replays of offline entries after a broker outage", registry=r)
         self.http_requests = Counter("im_http_requests_total", "HTTP API calls",
                                      ["route", "status"], registry=r)
 

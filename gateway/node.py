@@ -24,12 +24,14 @@ from gateway.hub import Client, Hub
 from gateway.metrics import NodeMetrics
 from gateway.protocol import encode
 from gateway.session import Sessions
-from router import Router
+from router import Router, make_broker
 from store import Stores
+from store.batcher import Batcher
 from store.errors import Unavailable
-from store.ids import MidGenerator
+from store.ids import MidGenerator, mid_for_time_ms
 from store.inbox import InboxLimits
 from store.nodes import NodeLease
+from store.routes import RouteStore
 
 __all__ = ["Node", "StartupError"]
 
@@ -76,9 +78,21 @@ class Node:
         await self._check_dependencies()
         self.lease = NodeLease(self.stores.redis, self.stores.keys, int(s.heartbeat_ttl_s))
         number = await self._acquire_lease()
-        self.name = f"n{number}"
-        self.router = Router(self.name, self.hub)
-        await self.router.start()
+        # The name routes traffic; it changes with every start, so routes left
+        # by this node's previous life never reach the new one.
+        self.name = f"n{number}-{self.lease.token[:6]}"
+        self.routes = RouteStore(self.stores.redis, self.stores.keys)
+        self._route_ops: Batcher[tuple[bool, str, int], None] = Batcher(
+            self._flush_route_ops, name="redis", max_batch=s.batch_max,
+            max_pending=s.pending_max)
+        broker = make_broker(s.broker, s.amqp_url, s.namespace)
+        self.router = Router(self.name, self.hub, broker, self.routes)
+        self.router.on_resume = self._broker_resumed
+        try:
+            await self.router.start()
+        except Exception:
+            raise StartupError(f"cannot reach RabbitMQ at {_safe_url(s.amqp_url)}") from None
+        self.router.set_live(await self.routes.heartbeat(self.name, s.heartbeat_ttl_s))
         self.chat = ChatService(self.stores, MidGenerator(number), s, self.metrics)
         self.sessions = Sessions(self)
         await self._listen()
@@ -91,12 +105,12 @@ class Node:
         try:
             await self.stores.inbox.ping()
         except Unavailable:
-            raise StartupError(f"cannot reach Redis at {s.redis_url}") from None
+            raise StartupError(f"cannot reach Redis at {_safe_url(s.redis_url)}") from None
         try:
             await self.stores.messages.ping()
             await self.stores.messages.ensure_indexes()
         except Unavailable:
-            raise StartupError(f"cannot reach MongoDB at {s.mongo_url}") from None
+            raise StartupError(f"cannot reach MongoDB at {_safe_url(s.mongo_url)}") from None
 
     async def _acquire_lease(self) -> int:
         wanted = self.settings.node_id
@@ -131,9 +145,41 @@ class Node:
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
             try:
-                await self.lease.renew()
+                await self.beat()
             except Unavailable as exc:
                 log.warning("heartbeat failed: %s", exc)
+
+    async def beat(self) -> None:
+        """Renew the lease and this node's liveness; learn which nodes live.
+
+        A lease that had vanished means Redis lost its data (flush, failover):
+        the routes of every local connection are written again.
+        """
+        retaken = await self.lease.renew()
+        self.router.set_live(await self.routes.heartbeat(self.name, self.settings.heartbeat_ttl_s))
+        if retaken:
+            log.warning("lease was gone from Redis: rewriting %d routes", self.hub.count)
+            await self.routes.add([(c.user, self.name, c.id) for c in self.hub.clients()])
+
+    def _broker_resumed(self, lost_at: float) -> None:
+        """Pushes may have been lost while the broker was away: replay them from
+        the offline stores of local users (clients drop repeats by mid)."""
+        since = mid_for_time_ms(int((lost_at - 2.0) * 1000))
+        task = asyncio.create_task(self._replay(list(self.hub.users), since))
+        self._tasks.append(task)
+
+    async def _replay(self, users: list[str], since: int) -> None:
+        for i in range(0, len(users), 500):
+            chunk = users[i:i + 500]
+            try:
+                frames = await self.stores.inbox.recent(chunk, since, 200)
+            except Unavailable as exc:
+                log.warning("replay after broker outage failed: %s", exc)
+                return
+            for user, rows in zip(chunk, frames, strict=True):
+                for frame in rows:
+                    self.hub.deliver_to_user(user, frame, None)
+        self.metrics.replays.inc()
 
     async def healthy(self) -> bool:
         try:
@@ -159,6 +205,9 @@ class Node:
             self._ws_server.close(close_connections=False)
         frame = encode({"op": "reconnect"})
         clients = self.hub.clients()
+        with contextlib.suppress(Unavailable):
+            await self.routes.remove([(c.user, self.name, c.id) for c in clients])
+            await self.routes.leave(self.name)
         for c in clients:
             c.write(frame, limit=1 << 30)
         pending = [t for c in clients for t in c.tasks]
@@ -181,6 +230,7 @@ class Node:
             self._http.should_exit = True
             if self._http_task is not None:
                 await asyncio.gather(self._http_task, return_exceptions=True)
+        await self._route_ops.close()
         with contextlib.suppress(Unavailable):
             await self.lease.release()
         await self.router.close()
@@ -188,8 +238,33 @@ class Node:
         self._stopped.set()
 
     # -- hub events ----------------------------------------------------------
-    def client_connected(self, client: Client) -> None:
+    async def client_connected(self, client: Client) -> None:
+        """Register a device locally and in the routes (so other nodes find it)."""
         self.hub.add(client)
+        try:
+            await self._route_ops.submit((True, client.user, client.id))
+        except Unavailable as exc:  # served locally; other nodes find it after a rewrite
+            log.warning("route write failed for %s: %s", client.user, exc)
 
-    def client_disconnected(self, client: Client) -> None:
+    async def client_disconnected(self, client: Client) -> None:
         self.hub.remove(client)
+        with contextlib.suppress(Unavailable):
+            await self._route_ops.submit((False, client.user, client.id))
+
+    async def _flush_route_ops(self, ops: list[tuple[bool, str, int]]) -> list[None]:
+        adds = [(user, self.name, conn) for add, user, conn in ops if add]
+        removes = [(user, self.name, conn) for add, user, conn in ops if not add]
+        if adds:
+            await self.routes.add(adds)
+        if removes:
+            await self.routes.remove(removes)
+        return [None] * len(ops)
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    head, sep, tail = url.rpartition("@")
+    if not sep or ":" not in head.split("//", 1)[-1]:
+        return url
+    scheme, _, creds = head.partition("//")
+    return f"{scheme}//{creds.split(':', 1)[0]}:***@{tail}"

@@ -59,14 +59,14 @@ class Sessions:
     async def handle(self, ws: ServerConnection) -> None:
         s = self.settings
         client = Client(ws.username, ws, TokenBucket(s.send_rate, s.send_burst, time.monotonic()))
-        self.node.client_connected(client)
+        await self.node.client_connected(client)
         try:
             async for data in ws:
                 await self._on_frame(client, data)
         except ConnectionClosed:
             pass
         finally:
-            self.node.client_disconnected(client)
+            await self.node.client_disconnected(client)
 
     async def _on_frame(self, client: Client, data: str | bytes) -> None:
         try:
@@ -110,8 +110,9 @@ class Sessions:
                                    "mid": result.mid, "ts": result.ts})
         self.node.metrics.send_latency.observe(time.perf_counter() - started)
         if result.frame is not None:
-            self.node.router.push_to_user(f.to, result.frame)
-            self.node.router.push_to_user(client.user, result.frame, skip_conn=client.id)
+            router = self.node.router
+            router.push(f.to, result.frame, result.receiver_routes)
+            router.push(client.user, result.frame, result.sender_routes, skip_conn=client.id)
 
     async def _read(self, client: Client, f: p.Read) -> None:
         done = await self._guarded(

@@ -1,5 +1,25 @@
-"""Routing between gateway nodes: 1:1 pushes, and later groups, rooms and feeds."""
+"""Routing between gateway nodes: 1:1 pushes now; groups, rooms and feeds later.
 
+``make_broker`` picks the implementation by name, so the gateway never
+imports aio-pika.
+"""
+
+from __future__ import annotations
+
+from router.base import Broker
+from router.broker_memory import MemoryBroker
+from router.errors import BrokerUnavailable
 from router.router import Router
 
-__all__ = ["Router"]
+__all__ = ["Broker", "BrokerUnavailable", "MemoryBroker", "Router", "make_broker"]
+
+
+def make_broker(kind: str, url: str, namespace: str) -> Broker:
+    """``rabbitmq`` (between nodes) or ``memory`` (a single node)."""
+    if kind == "rabbitmq":
+        from router.broker_rabbitmq import RabbitMQBroker
+
+        return RabbitMQBroker(url, namespace)
+    if kind == "memory":
+        return MemoryBroker()
+    raise ValueError(f"unknown broker {kind!r} (rabbitmq or memory)")

@@ -1,11 +1,11 @@
-"""The router's boundaries: what it needs from the node and from a broker."""
+"""The router's boundaries: what it needs from the node, a broker, the routes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-__all__ = ["Broker", "LocalDelivery"]
+__all__ = ["Broker", "LocalDelivery", "RoutePurger"]
 
 
 class LocalDelivery(Protocol):
@@ -22,8 +22,17 @@ class LocalDelivery(Protocol):
 class Broker(Protocol):
     """Carries envelopes between nodes. Implementations: ``broker_*.py``."""
 
-    async def start(self, node: str, on_envelope: Callable[[bytes], None]) -> None: ...
+    async def start(self, node: str, on_envelope: Callable[[bytes], None],
+                    on_resume: Callable[[float], None] | None = None) -> None: ...
 
-    async def publish(self, node: str, envelope: bytes) -> None: ...
+    async def publish(self, node: str, envelope: bytes) -> None:
+        """Raise ``BrokerUnavailable`` if the broker did not take it."""
+        ...
 
     async def close(self) -> None: ...
+
+
+class RoutePurger(Protocol):
+    """Deletes routes that point at dead nodes."""
+
+    async def purge(self, user: str, fields: Iterable[str]) -> None: ...

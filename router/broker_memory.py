@@ -1,4 +1,4 @@
-"""In-process broker: single-node mode, where every route leads home."""
+"""In-process broker: single-node mode, and nodes sharing one process."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ __all__ = ["MemoryBroker"]
 
 
 class MemoryBroker:
-    """Delivers an envelope to a node started in the same process."""
+    """Delivers an envelope to nodes started in the same process (same instance)."""
 
     def __init__(self) -> None:
         self._nodes: dict[str, Callable[[bytes], None]] = {}
 
-    async def start(self, node: str, on_envelope: Callable[[bytes], None]) -> None:
+    async def start(self, node: str, on_envelope: Callable[[bytes], None],
+                    on_resume: Callable[[float], None] | None = None) -> None:
         self._nodes[node] = on_envelope
 
     async def publish(self, node: str, envelope: bytes) -> None:

@@ -1,31 +1,158 @@
-"""Where a message goes: the node(s) holding its receiver.
+"""Where a message goes: local sockets now, other nodes through the broker.
 
-The gateway calls ``push_to_user`` and never awaits: local sockets get the
-frame at once; remote nodes get an envelope through the broker (added by the
-multi-node work). A push is best effort by design: the message is already in
-the receiver's offline store, so a push that fails is recovered by sync.
+``push`` never awaits. Local devices get the frame at once; for every other
+live node holding one of the user's devices a record is queued, and once per
+event-loop tick the queued records become one envelope per node, handed to
+a publisher task that publishes batches concurrently and gathers their
+confirms. Everything is best effort on top of a durable store: the message
+is already in the receiver's offline store, so a push lost to a dead node
+or a broker outage is recovered by the replay on resume or by sync.
 """
 
 from __future__ import annotations
 
-from router.base import LocalDelivery
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from router import envelope
+from router.base import Broker, LocalDelivery, RoutePurger
+from router.errors import BrokerUnavailable
 
 __all__ = ["Router"]
 
+log = logging.getLogger("router")
+
 
 class Router:
-    """Fan-out decisions for one node."""
+    """Fan-out decisions and inter-node traffic for one node."""
 
-    def __init__(self, node: str, local: LocalDelivery) -> None:
+    def __init__(
+        self, node: str, local: LocalDelivery, broker: Broker, routes: RoutePurger,
+        *, outbox_max: int = 10_000, publish_batch: int = 64,
+    ) -> None:
         self.node = node
         self.local = local
-        self.pushed = 0
-
-    def push_to_user(self, user: str, frame: bytes, skip_conn: int | None = None) -> None:
-        self.pushed += self.local.deliver_to_user(user, frame, skip_conn)
+        self.broker = broker
+        self.routes = routes
+        self.publish_batch = publish_batch
+        self.live: dict[str, float] = {}
+        self.on_resume: Callable[[float], None] = lambda _since: None
+        self.stats: dict[str, int] = defaultdict(int)
+        self._records: dict[str, list[envelope.Record]] = defaultdict(list)
+        self._flush_scheduled = False
+        self._outq: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=outbox_max)
+        self._failed: deque[tuple[str, bytes]] = deque(maxlen=outbox_max)
+        self._publisher: asyncio.Task[None] | None = None
+        self._purges: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        return None
+        await self.broker.start(self.node, self.on_envelope, self._broker_resumed)
+        self._publisher = asyncio.create_task(self._publish_loop())
 
     async def close(self) -> None:
-        return None
+        if self._publisher is not None:
+            self._publisher.cancel()
+            await asyncio.gather(self._publisher, return_exceptions=True)
+        for t in list(self._purges):
+            t.cancel()
+        await self.broker.close()
+
+    # -- liveness ------------------------------------------------------------
+    def set_live(self, live: Mapping[str, float]) -> None:
+        self.live = dict(live)
+
+    def is_alive(self, node: str, now: float) -> bool:
+        return node == self.node or self.live.get(node, 0.0) > now
+
+    # -- outgoing ------------------------------------------------------------
+    def push(self, user: str, frame: bytes, routes: Mapping[str, str] | None,
+             skip_conn: int | None = None) -> None:
+        """Send ``frame`` to every device of ``user``: local at once, remote queued."""
+        self.stats["local_writes"] += self.local.deliver_to_user(user, frame, skip_conn)
+        if not routes:
+            return
+        now = time.time()
+        nodes: set[str] = set()
+        dead: list[str] = []
+        for field, node in routes.items():
+            if node == self.node:
+                continue
+            if self.is_alive(node, now):
+                nodes.add(node)
+            else:
+                dead.append(field)
+        for node in nodes:
+            self._records[node].append(({"u": [user]}, frame))
+        if nodes and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        if dead:
+            self._purge(user, dead)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        records, self._records = self._records, defaultdict(list)
+        for node, recs in records.items():
+            try:
+                self._outq.put_nowait((node, envelope.encode(recs)))
+            except asyncio.QueueFull:
+                self.stats["dropped_outbox_full"] += len(recs)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            batch = [await self._outq.get()]
+            while len(batch) < self.publish_batch and not self._outq.empty():
+                batch.append(self._outq.get_nowait())
+            results = await asyncio.gather(
+                *(self.broker.publish(node, env) for node, env in batch), return_exceptions=True
+            )
+            for item, result in zip(batch, results, strict=True):
+                if isinstance(result, BrokerUnavailable):
+                    self.stats["publish_failed"] += 1
+                    self._failed.append(item)
+                elif isinstance(result, BaseException):
+                    log.error("publish error", exc_info=result)
+                    self.stats["publish_failed"] += 1
+                else:
+                    self.stats["envelopes_out"] += 1
+
+    def _purge(self, user: str, fields: list[str]) -> None:
+        if len(self._purges) > 100:  # bounded: the next reader purges the rest
+            return
+        task = asyncio.create_task(self._purge_one(user, fields))
+        self._purges.add(task)
+        task.add_done_callback(self._purges.discard)
+
+    async def _purge_one(self, user: str, fields: list[str]) -> None:
+        with contextlib.suppress(Exception):
+            await self.routes.purge(user, fields)
+            self.stats["routes_purged"] += len(fields)
+
+    # -- incoming ------------------------------------------------------------
+    def on_envelope(self, data: bytes) -> None:
+        self.stats["envelopes_in"] += 1
+        try:
+            for head, frame in envelope.decode(data):
+                for user in head.get("u", ()):
+                    self.stats["remote_writes"] += self.local.deliver_to_user(user, frame, None)
+        except envelope.EnvelopeError:
+            self.stats["bad_envelopes"] += 1
+            log.error("dropped a malformed envelope (%d bytes)", len(data))
+
+    def _broker_resumed(self, lost_at: float) -> None:
+        """The broker link is back: resend what failed, let the node replay the gap."""
+        now = time.time()
+        failed, self._failed = list(self._failed), deque(maxlen=self._failed.maxlen)
+        for node, env in failed:
+            if self.is_alive(node, now):
+                with contextlib.suppress(asyncio.QueueFull):
+                    self._outq.put_nowait((node, env))
+        self.on_resume(lost_at)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"node": self.node, "live_nodes": sorted(self.live), **self.stats}

@@ -42,7 +42,8 @@ class Batcher(Generic[T, R]):
         self.max_pending = max_pending
         self.concurrency = concurrency
         self._queue: deque[tuple[T, asyncio.Future[R]]] = deque()
-        self._runners: set[asyncio.Task[None]] = set()
+        self._runners: set[asyncio.Task[None]] = set()  # strong refs only
+        self._running = 0  # runners that will look at the queue again
         self.batches = 0
         self.items = 0
 
@@ -55,13 +56,23 @@ class Batcher(Generic[T, R]):
             raise Unavailable(self.name, "overloaded")
         fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.append((item, fut))
-        if len(self._runners) < self.concurrency:
+        if self._running < self.concurrency:
+            self._running += 1
             task = asyncio.create_task(self._run())
             self._runners.add(task)
             task.add_done_callback(self._runners.discard)
         return await fut
 
     async def _run(self) -> None:
+        # The count drops in the same step that sees the queue empty: a task's
+        # done-callback runs a tick later, and a submit in between would
+        # otherwise wait for a runner that is already gone.
+        try:
+            await self._drain()
+        finally:
+            self._running -= 1
+
+    async def _drain(self) -> None:
         while self._queue:
             n = min(self.max_batch, len(self._queue))
             batch = [self._queue.popleft() for _ in range(n)]

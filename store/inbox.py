@@ -91,10 +91,11 @@ class InboxStore:
     # -- delivery ------------------------------------------------------------
     async def deliver(
         self, deliveries: Sequence[Delivery], done: Sequence[tuple[str, str, int]]
-    ) -> list[int]:
-        """Record every delivery and mark every (sender, cmid, mid) acked.
+    ) -> list[dict[str, str]]:
+        """Record every delivery, mark every (sender, cmid, mid) acked, and read
+        each owner's routes (connection -> node) for the push that follows.
 
-        One round trip. Returns, per delivery, 1 if it was new, 0 if a retry.
+        One round trip for all of it. Returns the routes, one dict per delivery.
         """
         lim = self.limits
         oldest = mid_for_time_ms(int(time.time() * 1000) - lim.offline_ttl_s * 1000)
@@ -115,8 +116,11 @@ class InboxStore:
                 )
             for sender, cmid, mid in done:
                 pipe.set(self.keys.dedup(sender, cmid), f"d:{mid}", ex=lim.dedup_ttl_s)
+            for d in deliveries:
+                pipe.hgetall(self.keys.routes(d.owner))
             results = await pipe.execute()
-        return [int(r) for r in results[: len(deliveries)]]
+        routes = results[len(deliveries) + len(done):]
+        return [{f.decode(): n.decode() for f, n in r.items()} for r in routes]
 
     # -- reading -------------------------------------------------------------
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
@@ -142,6 +146,14 @@ class InboxStore:
             return OfflinePage(False, [])
         rows = [(int(float(raw[i + 1])), raw[i]) for i in range(1, len(raw), 2)]
         return OfflinePage(True, rows)
+
+    async def recent(self, users: Sequence[str], since: int, count: int) -> list[list[bytes]]:
+        """Each user's offline entries after ``since`` (oldest first), one round trip."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for user in users:
+                pipe.zrangebyscore(self.keys.offline(user), f"({since}", "+inf", 0, count)
+            return list(await pipe.execute())
 
     async def conversations(self, user: str, count: int) -> tuple[int, list[ConversationRow]]:
         k = self.keys

@@ -54,5 +54,6 @@ class Keys:
     def node_lease(self, node_num: int) -> str:
         return f"{self.ns}:nodeid:{node_num}"
 
-    def node_alive(self, node: str) -> str:
-        return f"{self.ns}:alive:{node}"
+    def nodes(self) -> str:
+        """Sorted set: node name -> heartbeat expiry (unix seconds)."""
+        return f"{self.ns}:nodes"

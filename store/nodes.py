@@ -50,16 +50,19 @@ class NodeLease:
             raise Unavailable("redis", f"node id {wanted} is held by another live node")
         raise Unavailable("redis", "all 256 node ids are leased")
 
-    async def renew(self) -> None:
-        """Extend the lease; re-take it if Redis lost it (e.g. after a flush)."""
+    async def renew(self) -> bool:
+        """Extend the lease. Returns True if it had vanished (Redis lost its
+        data) and was taken again; raises if another node holds it now."""
         async with redis_guard():
             try:
                 await self._renew(keys=[self.keys.node_lease(self.number)],
                                   args=[self.token, self.ttl_s])
+                return False
             except aioredis.ResponseError:
                 if not await self.redis.set(self.keys.node_lease(self.number), self.token,
                                             nx=True, ex=self.ttl_s):
                     raise Unavailable("redis", "node id lease taken by another node") from None
+                return True
 
     async def release(self) -> None:
         async with redis_guard():

@@ -1,0 +1,388 @@
+"""Shared helpers for the benchmarks: the node subprocess, cleanup, CPU accounting,
+percentiles, machine facts, py-spy profiles and result files.
+
+Nothing here knows about the chat protocol; see ``bench/chat_bench.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+OUT_DIR = REPO / "bench" / "out"
+_READY = re.compile(r"gateway: node (\S+) (ws://\S+) (http://\S+)")
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def new_namespace() -> str:
+    """``bench`` + random hex: a Redis key prefix and Mongo database of our own."""
+    return "bench" + secrets.token_hex(5)
+
+
+def utc_stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def percentile(sorted_values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile of an already sorted list (None when empty)."""
+    if not sorted_values:
+        return None
+    rank = min(len(sorted_values), max(1, math.ceil(p / 100 * len(sorted_values))))
+    return sorted_values[rank - 1]
+
+
+def latency_summary(samples: list[float], ps: tuple[float, ...] = (50, 95, 99)) -> dict[str, Any]:
+    """Milliseconds: count, the given percentiles and max."""
+    ordered = sorted(samples)
+    out: dict[str, Any] = {"count": len(ordered)}
+    for p in ps:
+        v = percentile(ordered, p)
+        out[f"p{p:g}_ms"] = None if v is None else round(v * 1000, 2)
+    out["max_ms"] = round(ordered[-1] * 1000, 2) if ordered else None
+    return out
+
+
+# -- machine -----------------------------------------------------------------
+def machine_facts() -> dict[str, Any]:
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "kernel": platform.release(),
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+def code_version() -> dict[str, Any]:
+    """The commit measured, and which tracked source files differed from it."""
+    import subprocess
+
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True,
+                                  timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    status = git("--no-optional-locks", "status", "--porcelain", "--", "gateway", "router",
+                 "store")
+    changed = status.splitlines()
+    return {"commit": git("rev-parse", "--short", "HEAD").strip(),
+            "uncommitted_in_gateway_router_store": [line[3:] for line in changed]}
+
+
+# -- CPU accounting ------------------------------------------------------------
+def _proc_ticks(pid: int) -> tuple[str, int] | None:
+    """(short command line, utime + stime ticks) of one process, or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    argv = [a for a in raw.decode(errors="replace").split("\0") if a]
+    if len(argv) > 1 and Path(argv[0]).name.startswith("python") and argv[1][0] != "-":
+        argv = argv[1:]  # "python3 .venv/bin/secantusd-py ..." -> "secantusd-py ..."
+    words = [Path(a).name if i == 0 else a for i, a in enumerate(argv[:4])]
+    label = " ".join(" ".join(words).split())
+    return (label or stat[stat.index("(") + 1:stat.rindex(")")])[:70], ticks
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies over all CPUs, from /proc/stat."""
+    parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = parts[3] + parts[4]  # idle + iowait
+    return sum(parts) - idle, sum(parts)
+
+
+@dataclass
+class CpuSnapshot:
+    wall: float
+    procs: dict[int, tuple[str, int]]
+    machine: tuple[int, int]
+
+
+def cpu_snapshot() -> CpuSnapshot:
+    procs: dict[int, tuple[str, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (info := _proc_ticks(int(entry.name))) is not None:
+            procs[int(entry.name)] = info
+    return CpuSnapshot(time.perf_counter(), procs, _machine_ticks())
+
+
+def cpu_report(before: CpuSnapshot, after: CpuSnapshot, names: dict[int, str],
+               top: int = 6) -> dict[str, Any]:
+    """CPU used between two snapshots, in cores (1.0 = one core busy all the time)."""
+    wall = after.wall - before.wall
+    used: list[tuple[float, int, str]] = []
+    for pid, (label, ticks) in after.procs.items():
+        start = before.procs.get(pid, (label, 0))[1]
+        cores = (ticks - start) / _CLK_TCK / wall
+        used.append((cores, pid, names.get(pid, label)))
+    used.sort(reverse=True)
+    busy = after.machine[0] - before.machine[0]
+    total = after.machine[1] - before.machine[1]
+    return {
+        "machine_busy_pct": round(100 * busy / total, 1) if total else None,
+        "by_pid": {str(pid): round(c, 3) for c, pid, _ in used if pid in names},
+        "top": [{"pid": pid, "what": label, "cores": round(c, 3)}
+                for c, pid, label in used[:top] if c > 0],
+    }
+
+
+# -- the node subprocess -------------------------------------------------------
+@dataclass
+class NodeProcess:
+    """``python -m gateway serve`` in a subprocess; stderr (its log) goes to a file."""
+
+    env: dict[str, str]
+    log_path: Path
+    proc: asyncio.subprocess.Process | None = None
+    name: str = ""
+    ws_url: str = ""
+    http_url: str = ""
+    _stdout_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self, timeout_s: float = 30) -> None:
+        python = REPO / ".venv" / "bin" / "python"
+        exe = str(python) if python.exists() else sys.executable
+        with open(self.log_path, "ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                exe, "-m", "gateway", "serve", cwd=REPO, env={**os.environ, **self.env},
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log)
+        async with asyncio.timeout(timeout_s):
+            await self._wait_ready()
+        self._stdout_task = asyncio.create_task(self._drain_stdout())
+
+    async def _wait_ready(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while True:
+            line = (await self.proc.stdout.readline()).decode(errors="replace")
+            if not line:
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"gateway exited before it was ready; log tail:\n{tail}")
+            if m := _READY.search(line):
+                self.name, self.ws_url, self.http_url = m.groups()
+                return
+
+    async def _drain_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while await self.proc.stdout.readline():
+            pass
+
+    async def stop(self, grace_s: float = 15) -> int | None:
+        """SIGTERM (the node drains), SIGKILL after ``grace_s``; returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+        if self._stdout_task is not None:
+            self._stdout_task.cancel()
+        return self.proc.returncode
+
+
+def log_findings(path: Path, limit: int = 8) -> dict[str, Any]:
+    """WARNING/ERROR lines of a node log: counts and the most frequent messages."""
+    if not path.exists():
+        return {"warnings": 0, "errors": 0, "top": []}
+    levels: Counter[str] = Counter()
+    messages: Counter[str] = Counter()
+    for line in path.read_text(errors="replace").splitlines():
+        m = re.match(r"\S+ \S+ (WARNING|ERROR|CRITICAL) (\S+) (.*)", line)
+        if m:
+            levels[m.group(1)] += 1
+            messages[f"{m.group(1)} {m.group(2)}: {re.sub(r'[0-9a-f]{10}', '*', m.group(3))}"] += 1
+        elif line.startswith(("Traceback", "Exception")):
+            levels["traceback"] += 1
+    return {"warnings": levels["WARNING"], "errors": levels["ERROR"] + levels["CRITICAL"],
+            "tracebacks": levels["traceback"],
+            "top": [{"count": n, "line": msg[:200]} for msg, n in messages.most_common(limit)]}
+
+
+# -- cleanup -------------------------------------------------------------------
+async def drop_databases(mongo_url: str, names: list[str]) -> None:
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        mongo_url, serverSelectionTimeoutMS=5000)
+    try:
+        for name in names:
+            await client.drop_database(name)
+    finally:
+        await client.close()
+
+
+async def delete_redis_keys(redis_url: str, namespace: str) -> int:
+    """SCAN + DEL of ``<namespace>:*``; returns how many keys went."""
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(redis_url, socket_timeout=10)
+    deleted = 0
+    try:
+        batch: list[bytes] = []
+        async for key in r.scan_iter(match=f"{namespace}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += await r.delete(*batch)
+                batch = []
+        if batch:
+            deleted += await r.delete(*batch)
+    finally:
+        await r.aclose()
+    return deleted
+
+
+# -- py-spy --------------------------------------------------------------------
+def py_spy_path() -> str | None:
+    local = Path(sys.executable).with_name("py-spy")
+    return str(local) if local.exists() else shutil.which("py-spy")
+
+
+async def py_spy_record(pid: int, seconds: int, out: Path, rate: int = 100) -> dict[str, Any]:
+    """Sample ``pid`` for ``seconds`` (non-blocking) and summarise the raw stacks."""
+    exe = py_spy_path()
+    if exe is None:
+        return {"skipped": "py-spy not installed"}
+    proc = await asyncio.create_subprocess_exec(
+        exe, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", str(rate),
+        "--nonblocking", "--format", "raw", "--output", str(out),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), seconds + 30)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return {"skipped": "py-spy did not finish"}
+    if proc.returncode != 0:
+        return {"skipped": f"py-spy failed: {err.decode(errors='replace')[-300:]}"}
+    return await asyncio.to_thread(summarise_stacks, out, seconds * rate)
+
+
+def summarise_stacks(path: Path, expected: int, top: int = 15) -> dict[str, Any]:
+    """Self (leaf) and inclusive sample counts per function from folded stacks."""
+    if not path.exists():
+        return {"skipped": f"no profile written to {path}"}
+    leaf: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [_frame_name(f) for f in stack.split(";")]
+        frames = [f for f in frames if not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        total += n
+        leaf[frames[-1]] += n
+        for f in set(frames):
+            inclusive[f] += n
+    def pct(n: int) -> float:
+        return round(100 * n / total, 1) if total else 0.0
+    useful = [(f, n) for f, n in inclusive.most_common() if not f.endswith(_ENTRY_FRAMES)]
+    return {
+        "samples": total, "expected_if_always_busy": expected, "raw_file": str(path),
+        "self": [{"pct": pct(n), "fn": _LOOP_NOTE.get(f, f)} for f, n in leaf.most_common(top)],
+        "inclusive": [{"pct": pct(n), "fn": f} for f, n in useful[:top]],
+    }
+
+
+# Frames every stack starts with; left out of the inclusive list.
+_ENTRY_FRAMES = ("(<frozen runpy>)", "(gateway/__main__.py)", "(uvloop/__init__.py)",
+                 "Runner.run (asyncio/runners.py)")
+# With uvloop the loop's own work (polling, socket I/O, callbacks) is C code that
+# py-spy attributes to the innermost Python frame: Runner.run.
+_LOOP_NOTE = {"Runner.run (asyncio/runners.py)":
+              "Runner.run (asyncio/runners.py) = uvloop C code: I/O, polling, scheduling"}
+
+
+def _frame_name(frame: str) -> str:
+    """``func (path/to/file.py:123)`` -> ``func (file.py)``; line numbers merged."""
+    m = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame)
+    if not m:
+        return frame
+    path = m.group(2)
+    parts = Path(path).parts
+    short = "/".join(parts[-2:]) if len(parts) >= 2 else path
+    return f"{m.group(1)} ({short})"
+
+
+# -- node metrics ----------------------------------------------------------------
+_METRIC = re.compile(r"^(im_\w+?)(\{[^}]*\})? ([0-9.eE+-]+)$")
+
+
+async def fetch_metrics(http_url: str) -> dict[str, float]:
+    """The node's ``im_*`` Prometheus samples (name{labels} -> value); {} on failure."""
+    u = urlsplit(http_url)
+    try:
+        async with asyncio.timeout(5):
+            reader, writer = await asyncio.open_connection(u.hostname, u.port)
+            writer.write(f"GET /metrics HTTP/1.0\r\nHost: {u.netloc}\r\n\r\n".encode())
+            text = (await reader.read()).decode(errors="replace")
+            writer.close()
+    except (OSError, TimeoutError):
+        return {}
+    out: dict[str, float] = {}
+    for line in text.split("\r\n\r\n", 1)[-1].splitlines():
+        if m := _METRIC.match(line):
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """Mean store batch size per stage and the nonzero counters, over a window."""
+    diff = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    batches: dict[str, float] = {}
+    for key, count in diff.items():
+        m = re.match(r'im_store_batch_size_count\{stage="(\w+)"\}', key)
+        if m and count > 0:
+            total = diff.get(f'im_store_batch_size_sum{{stage="{m.group(1)}"}}', 0.0)
+            batches[m.group(1)] = round(total / count, 1)
+    counters = {k: int(v) for k, v in diff.items() if v and "_total" in k}
+    return {"mean_batch_size": batches, "counters": counters}
+
+
+# -- results -------------------------------------------------------------------
+def write_json(results: dict[str, Any], stamp: str) -> Path:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"chat-{stamp}.json"
+    path.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    return path
