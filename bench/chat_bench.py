@@ -60,13 +60,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-from pymongo import ASCENDING, AsyncMongoClient, WriteConcern
+from pymongo import AsyncMongoClient, WriteConcern
 from pymongo.asynchronous.database import AsyncDatabase
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from bench import common
 from gateway.auth import issue_token
+from store.messages import INDEXES, ChatMessage, body_doc, box_docs
 
 TEXT = "hello from the chat benchmark, a short line of text"
 RAW_BATCHES = (1, 16, 64, 256)
@@ -84,13 +85,10 @@ def _message_docs(first_mid: int, n: int, pairs: int) -> tuple[list[Doc], list[D
     bodies: list[Doc] = []
     boxes: list[Doc] = []
     for mid in range(first_mid, first_mid + n):
-        sender, to = f"raw-s{mid % pairs}", f"raw-r{mid % pairs}"
-        bodies.append({"_id": mid, "from": sender, "to": to, "cmid": f"c{mid}",
-                       "body": {"t": time.perf_counter(), "m": 0, "text": TEXT}})
-        boxes.append({"_id": f"{sender}:{mid}", "owner": sender, "conv": to, "mid": mid,
-                      "out": True})
-        boxes.append({"_id": f"{to}:{mid}", "owner": to, "conv": sender, "mid": mid,
-                      "out": False})
+        msg = ChatMessage(mid, f"raw-s{mid % pairs}", f"raw-r{mid % pairs}", f"c{mid}",
+                          {"t": time.perf_counter(), "m": 0, "text": TEXT})
+        bodies.append(body_doc(msg))
+        boxes += box_docs(msg, mid)
     return bodies, boxes
 
 
@@ -100,13 +98,8 @@ async def _fresh_collections(db: AsyncDatabase[Doc], indexes: bool) -> None:
     await db.create_collection("messages")
     await db.create_collection("boxes")
     if indexes:
-        await db.messages.create_index([("from", ASCENDING), ("cmid", ASCENDING)],
-                                       unique=True, name="sender_cmid")
-        await db.boxes.create_index([("owner", ASCENDING), ("mid", ASCENDING)],
-                                    name="owner_mid")
-        await db.boxes.create_index(
-            [("owner", ASCENDING), ("conv", ASCENDING), ("mid", ASCENDING)],
-            name="owner_conv_mid")
+        for collection, keys, options in INDEXES:  # exactly the node's indexes
+            await db[collection].create_index(keys, **options)
 
 
 async def _raw_run(db: AsyncDatabase[Doc], batch: int, *, indexes: bool = True,

@@ -3,8 +3,11 @@
 ``messages``: one document per message, ``_id`` = mid, unique on
 (``from``, ``cmid``) so a resend is recognised even when Redis has lost its
 dedup keys. ``boxes``: one small index entry per side (seed 003's
-im_user_msg_box), ``_id`` = ``owner:mid`` so rewriting one is idempotent;
-sync and history read boxes, then bodies by mid.
+im_user_msg_box), ``_id`` = ``owner|mid`` with the mid zero-padded to 16
+digits, so one user's box is a contiguous, mid-ordered range of the ``_id``
+index (``|`` never occurs in an id, so no owner is a prefix of another's
+range) and sync needs no secondary index; rewriting an entry is idempotent.
+History uses the one secondary index (owner, conv, mid).
 """
 
 from __future__ import annotations
@@ -21,9 +24,18 @@ from store.errors import Unavailable
 from store.ids import mid_time_ms
 from store.mongo_client import mongo_guard
 
-__all__ = ["ChatMessage", "MessageStore", "msg_frame"]
+__all__ = ["INDEXES", "ChatMessage", "MessageStore", "body_doc", "box_docs", "box_id",
+           "msg_frame"]
 
 DUPLICATE_KEY = 11000
+
+# (collection, keys, options): every index the chat collections carry.
+INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
+    ("messages", [("from", ASCENDING), ("cmid", ASCENDING)],
+     {"unique": True, "name": "sender_cmid"}),
+    ("boxes", [("owner", ASCENDING), ("conv", ASCENDING), ("mid", ASCENDING)],
+     {"name": "owner_conv_mid"}),
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +55,22 @@ def msg_frame(mid: int, sender: str, to: str, body: Any) -> dict[str, Any]:
             "ts": mid_time_ms(mid)}
 
 
+def box_id(owner: str, mid: int) -> str:
+    return f"{owner}|{mid:016d}"
+
+
+def body_doc(m: ChatMessage) -> dict[str, Any]:
+    return {"_id": m.mid, "from": m.sender, "to": m.to, "cmid": m.cmid, "body": m.body}
+
+
+def box_docs(m: ChatMessage, mid: int) -> list[dict[str, Any]]:
+    """The sender's and the receiver's box entries for a message stored as ``mid``."""
+    return [
+        {"_id": box_id(m.sender, mid), "owner": m.sender, "conv": m.to, "mid": mid, "out": True},
+        {"_id": box_id(m.to, mid), "owner": m.to, "conv": m.sender, "mid": mid, "out": False},
+    ]
+
+
 class MessageStore:
     """MongoDB side of 1:1 chat for one namespace (database)."""
 
@@ -54,16 +82,8 @@ class MessageStore:
 
     async def ensure_indexes(self) -> None:
         async with mongo_guard():
-            await self.messages.create_index(
-                [("from", ASCENDING), ("cmid", ASCENDING)], unique=True, name="sender_cmid"
-            )
-            await self.boxes.create_index(
-                [("owner", ASCENDING), ("mid", ASCENDING)], name="owner_mid"
-            )
-            await self.boxes.create_index(
-                [("owner", ASCENDING), ("conv", ASCENDING), ("mid", ASCENDING)],
-                name="owner_conv_mid",
-            )
+            for collection, keys, options in INDEXES:
+                await self.db[collection].create_index(keys, **options)
 
     async def ping(self) -> None:
         async with mongo_guard():
@@ -79,17 +99,13 @@ class MessageStore:
         boxes: list[dict[str, Any]] = []
         for m, mid in zip(msgs, resolved, strict=True):
             if isinstance(mid, int):
-                boxes.append({"_id": f"{m.sender}:{mid}", "owner": m.sender, "conv": m.to,
-                              "mid": mid, "out": True})
-                boxes.append({"_id": f"{m.to}:{mid}", "owner": m.to, "conv": m.sender,
-                              "mid": mid, "out": False})
+                boxes += box_docs(m, mid)
         if boxes:
             await self._insert_ignoring_duplicates(boxes)
         return resolved
 
     async def _insert_bodies(self, msgs: Sequence[ChatMessage]) -> list[int | BaseException]:
-        docs = [{"_id": m.mid, "from": m.sender, "to": m.to, "cmid": m.cmid, "body": m.body}
-                for m in msgs]
+        docs = [body_doc(m) for m in msgs]
         out: list[int | BaseException] = [m.mid for m in msgs]
         async with mongo_guard():
             try:
@@ -129,10 +145,16 @@ class MessageStore:
         ``after``: ascending from there (sync); ``before``: descending (history).
         """
         query: dict[str, Any] = {"owner": owner}
-        if conv is not None:
+        sort_key = "mid"
+        if after is not None and conv is None:
+            # The user's whole box is an _id range: no secondary index needed.
+            query = {"_id": {"$gt": box_id(owner, after), "$lt": f"{owner}|~"}}
+            sort_key = "_id"
+        elif conv is not None:
             query["conv"] = conv
         if after is not None:
-            query["mid"] = {"$gt": after}
+            if conv is not None:
+                query["mid"] = {"$gt": after}
             order = ASCENDING
         else:
             if before is not None:
@@ -140,7 +162,8 @@ class MessageStore:
             order = DESCENDING
         async with mongo_guard():
             mids = [b["mid"] async for b in
-                    self.boxes.find(query, {"mid": 1, "_id": 0}).sort("mid", order).limit(limit)]
+                    self.boxes.find(query, {"mid": 1, "_id": 0}).sort(sort_key, order)
+                    .limit(limit)]
             if not mids:
                 return []
             bodies = {d["_id"]: d async for d in self.messages.find({"_id": {"$in": mids}})}
