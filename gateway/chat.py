@@ -66,10 +66,10 @@ class ChatService:
         common = {"max_batch": settings.batch_max, "max_pending": settings.pending_max}
         self._claims: Batcher[Claim, str | None] = Batcher(
             self._flush_claims, name="redis", **common)
-        # Two Mongo batches may be in flight: the store works on one while the
-        # next is on the wire (its order does not matter; Redis's does not either).
+        # MongoDB's cost per call dominates at small batches, so the write stage
+        # lingers briefly (IM_MONGO_LINGER_MS) to let a batch fill.
         self._writes: Batcher[ChatMessage, int] = Batcher(
-            self._flush_writes, name="mongo", concurrency=2, **common)
+            self._flush_writes, name="mongo", linger_s=settings.mongo_linger_ms / 1000, **common)
         self._deliveries: Batcher[_Outgoing, tuple[dict[str, str], dict[str, str]]] = Batcher(
             self._flush_deliveries, name="redis", **common)
 

@@ -37,7 +37,6 @@ class Settings:
     offline_ttl_s: int = 7 * 86_400
     unread_cap: int = 9999  # per conversation; counts saturate here
     dedup_ttl_s: int = 86_400
-    send_timeout_s: float = 5.0
     dep_timeout_s: float = 2.0  # per Redis / Mongo operation
     sync_settle_ms: int = 1000  # sync cursors do not pass in-flight sends
     send_rate: float = 200.0  # sends per second per connection (token bucket)
@@ -46,6 +45,7 @@ class Settings:
     write_buffer_max: int = 1 << 20  # bytes queued on a socket before pushes skip it
     bad_frame_limit: int = 20  # bad frames per connection before close 1008
     batch_max: int = 256  # documents per Mongo batch / commands per Redis pipeline
+    mongo_linger_ms: float = 2.0  # wait this long for a Mongo write batch to fill
     pending_max: int = 20_000  # sends queued in a node before new ones get unavailable
     heartbeat_s: float = 2.0
     heartbeat_ttl_s: float = 6.0

@@ -2,7 +2,8 @@
 
 While a flush is in flight, new items queue; the next flush takes them all
 (up to ``max_batch``). Under light load a flush carries one item and adds no
-delay; under heavy load batches grow by themselves. The queue is bounded:
+delay; under heavy load batches grow by themselves. ``linger_s`` trades a
+little latency for bigger batches where a store's cost per call dominates. The queue is bounded:
 past ``max_pending`` a submit fails at once with ``Unavailable`` instead of
 growing memory and latency without limit.
 """
@@ -35,12 +36,14 @@ class Batcher(Generic[T, R]):
         max_batch: int = 256,
         max_pending: int = 20_000,
         concurrency: int = 1,
+        linger_s: float = 0.0,
     ) -> None:
         self._flush = flush
         self.name = name
         self.max_batch = max_batch
         self.max_pending = max_pending
         self.concurrency = concurrency
+        self.linger_s = linger_s
         self._queue: deque[tuple[T, asyncio.Future[R]]] = deque()
         self._runners: set[asyncio.Task[None]] = set()  # strong refs only
         self._running = 0  # runners that will look at the queue again
@@ -74,6 +77,8 @@ class Batcher(Generic[T, R]):
 
     async def _drain(self) -> None:
         while self._queue:
+            if self.linger_s and len(self._queue) < self.max_batch:
+                await asyncio.sleep(self.linger_s)  # let a partial batch fill up
             n = min(self.max_batch, len(self._queue))
             batch = [self._queue.popleft() for _ in range(n)]
             self.batches += 1

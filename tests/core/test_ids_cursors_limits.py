@@ -92,8 +92,8 @@ def test_tokens():
 
 def test_settings_from_env():
     s = Settings.from_env({"IM_NAMESPACE": "abc", "IM_WS_PORT": "9000", "IM_NODE_ID": "7",
-                           "IM_SEND_TIMEOUT_S": "1.5"})
-    assert (s.namespace, s.ws_port, s.node_id, s.send_timeout_s) == ("abc", 9000, 7, 1.5)
+                           "IM_DEP_TIMEOUT_S": "1.5"})
+    assert (s.namespace, s.ws_port, s.node_id, s.dep_timeout_s) == ("abc", 9000, 7, 1.5)
     for bad in ({"IM_WS_PORT": "x"}, {"IM_NAMESPACE": "a:b"}, {"IM_NODE_ID": "300"},
                 {"IM_AUTH_SECRET": "short"}):
         with pytest.raises(ConfigError):

@@ -41,7 +41,7 @@ async def send_until_ack(client, to, cmid, body, tries=40):
 
 async def test_mongo_down_gives_unavailable_then_recovers(private, make_node, connect, http):
     mongo = await private("mongo")
-    node = await make_node(mongo_url=mongo.url, dep_timeout_s=1.0, send_timeout_s=3.0)
+    node = await make_node(mongo_url=mongo.url, dep_timeout_s=1.0)
     a, b = uid("a"), uid("b")
     ca = await connect(node, a)
     first = await ca.request("send", to=b, cmid="before", body=0)
@@ -62,7 +62,7 @@ async def test_mongo_down_gives_unavailable_then_recovers(private, make_node, co
 
 async def test_redis_down_gives_unavailable_then_recovers(private, make_node, connect, http):
     redis = await private("redis")
-    node = await make_node(redis_url=redis.url, dep_timeout_s=1.0, send_timeout_s=3.0)
+    node = await make_node(redis_url=redis.url, dep_timeout_s=1.0)
     a, b = uid("a"), uid("b")
     ca = await connect(node, a)
     first = await ca.request("send", to=b, cmid="before", body=0)
