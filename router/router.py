@@ -40,7 +40,7 @@ class Router:
         self.broker = broker
         self.routes = routes
         self.publish_batch = publish_batch
-        self.live: dict[str, float] = {}
+        self.live: dict[str, float] = {}  # node -> heartbeat expiry (unix s)
         self.on_resume: Callable[[float], None] = lambda _since: None
         self.stats: dict[str, int] = defaultdict(int)
         self._records: dict[str, list[envelope.Record]] = defaultdict(list)
@@ -67,7 +67,14 @@ class Router:
         self.live = dict(live)
 
     def is_alive(self, node: str, now: float) -> bool:
-        return node == self.node or self.live.get(node, 0.0) > now
+        """Known dead only when its heartbeat is seen to have lapsed.
+
+        A node missing from our view may be newer than the view (it started,
+        or re-announced itself after a Redis flush, since our last heartbeat):
+        it is routed to, and RabbitMQ drops the envelope if no queue is there.
+        """
+        expiry = self.live.get(node)
+        return node == self.node or expiry is None or expiry > now
 
     # -- outgoing ------------------------------------------------------------
     def push(self, user: str, frame: bytes, routes: Mapping[str, str] | None,
@@ -155,4 +162,6 @@ class Router:
         self.on_resume(lost_at)
 
     def snapshot(self) -> dict[str, Any]:
-        return {"node": self.node, "live_nodes": sorted(self.live), **self.stats}
+        now = time.time()
+        live = sorted(n for n, expiry in self.live.items() if expiry > now)
+        return {"node": self.node, "live_nodes": live, **self.stats}

@@ -57,14 +57,15 @@ class RouteStore:
 
     # -- node liveness -------------------------------------------------------
     async def heartbeat(self, node: str, ttl_s: float) -> dict[str, float]:
-        """Announce ``node`` alive until now + ttl; return every live node's expiry."""
+        """Announce ``node`` alive until now + ttl; return the heartbeat expiry of
+        every node seen in the last hour (an expiry in the past: known dead)."""
         now = time.time()
         key = self.keys.nodes()
         async with redis_guard():
             pipe = self.redis.pipeline(transaction=False)
             pipe.zadd(key, {node: now + ttl_s})
             pipe.zremrangebyscore(key, "-inf", now - 3600)  # forget the long dead
-            pipe.zrangebyscore(key, now, "+inf", withscores=True)
+            pipe.zrange(key, 0, -1, withscores=True)
             *_, live = await pipe.execute()
         return {name.decode(): float(expiry) for name, expiry in live}
 

@@ -76,21 +76,22 @@ async def test_rabbitmq_restart_mid_soak(make_node):
         recovered.append(loop.time() - t0)
 
     await soak.run(seconds=9, rate=8, event=restart, event_at=2)
-    result = await soak.finish()
-    report("rabbitmq restart", result)
     assert recovered and recovered[0] < 10
     assert all(n.router.broker.reconnects >= 1 for n in nodes)
-    assert_nothing_acked_was_lost(result)
-    # Delivery resumed by itself: pushes flow between nodes after the restart.
-    before = [n.router.stats["envelopes_in"] for n in nodes]
+    # Delivery resumed by itself: a push crosses nodes after the restart.
+    before = sum(n.router.stats["envelopes_in"] for n in nodes)
     a, b = soak.users[0], soak.users[1]  # on different nodes (round robin)
+    assert a.at != b.at
     await soak._send(a, b.name, "after-restart")
     for _ in range(100):
-        if soak.users[1].received.get(a.acked["after-restart"]) == "push":
+        if b.received.get(a.acked["after-restart"]) == "push":
             break
         await asyncio.sleep(0.05)
     assert b.received.get(a.acked["after-restart"]) == "push"
-    assert sum(n.router.stats["envelopes_in"] for n in nodes) > sum(before)
+    assert sum(n.router.stats["envelopes_in"] for n in nodes) > before
+    result = await soak.finish()
+    report("rabbitmq restart", result)
+    assert_nothing_acked_was_lost(result)
 
 
 @pytest.fixture
@@ -116,13 +117,15 @@ async def test_redis_flush_mid_soak(private_redis, make_node):
         await r.flushall()
 
     await soak.run(seconds=8, rate=8, event=flush, event_at=3)
-    result = await soak.finish()
-    report("redis flush", result)
-    assert_nothing_acked_was_lost(result)
     # Routes were written again by the nodes (their leases vanished with the flush).
     keys = nodes[0].stores.keys
-    assert all([await r.exists(keys.routes(u)) for u in users[:3]])
+    assert all([await r.exists(keys.routes(u)) for u in users])
+    result = await soak.finish()
+    report("redis flush", result)
     await r.aclose()
+    assert_nothing_acked_was_lost(result)
+    # Pushes recover within a heartbeat or two: most messages still arrive live.
+    assert result["by_push"] > result["acked"] * 0.8
 
 
 async def test_sigterm_drains_the_node(mongo_db, redis_client):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from tests.conftest import uid
 
@@ -69,7 +70,10 @@ async def test_routes_to_a_dead_node_are_ignored_and_purged(make_node, connect, 
     a, b = uid("a"), uid("b")
     ca = await connect(n1, a)
     key = n1.stores.keys.routes(b)
-    await redis_client.hset(key, "n9-dead00/1", "n9-dead00")  # no heartbeat: dead
+    await redis_client.hset(key, "n9-dead00/1", "n9-dead00")
+    # Its heartbeat lapsed a while ago.
+    await redis_client.zadd(n1.stores.keys.nodes(), {"n9-dead00": time.time() - 30})
+    await n1.beat()
     await ca.request("send", to=b, cmid="d", body=1)
     for _ in range(50):
         if not await redis_client.hexists(key, "n9-dead00/1"):
@@ -84,3 +88,12 @@ async def test_node_ids_are_leased_uniquely(make_node):
     numbers = {n.lease.number for n in nodes}
     assert len(numbers) == 4
     assert len({n.name for n in nodes}) == 4
+
+
+async def test_node_newer_than_our_view_is_routed_to(make_node, connect):
+    n1, n2 = await make_node(), await make_node()
+    n1.router.set_live({})  # n1 has not yet seen n2's heartbeat
+    a, b = uid("a"), uid("b")
+    ca, cb = await connect(n1, a), await connect(n2, b)
+    ack = await ca.request("send", to=b, cmid="new", body=1)
+    assert (await cb.next_push("msg"))["mid"] == ack["mid"]
