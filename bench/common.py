@@ -200,6 +200,12 @@ class NodeProcess:
         while await self.proc.stdout.readline():
             pass
 
+    def kill(self) -> None:
+        """SIGKILL at once (no drain): what a crashed node looks like to the others."""
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
     async def stop(self, grace_s: float = 15) -> int | None:
         """SIGTERM (the node drains), SIGKILL after ``grace_s``; returns the exit code."""
         if self.proc is None:
@@ -266,6 +272,23 @@ async def delete_redis_keys(redis_url: str, namespace: str) -> int:
             deleted += await r.delete(*batch)
     finally:
         await r.aclose()
+    return deleted
+
+
+async def delete_exchanges(amqp_url: str, namespace: str) -> int:
+    """Delete the RabbitMQ exchanges the nodes of ``namespace`` declared (their
+    queues are exclusive and went with the nodes); returns how many went."""
+    import aio_pika
+
+    conn = await aio_pika.connect(amqp_url, timeout=10)
+    deleted = 0
+    try:
+        channel = await conn.channel()
+        for kind in ("node", "room"):
+            await channel.exchange_delete(f"{namespace}.{kind}")
+            deleted += 1
+    finally:
+        await conn.close()
     return deleted
 
 
@@ -381,8 +404,36 @@ def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
 
 
 # -- results -------------------------------------------------------------------
-def write_json(results: dict[str, Any], stamp: str) -> Path:
+def write_json(results: dict[str, Any], stamp: str, prefix: str = "chat") -> Path:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = OUT_DIR / f"chat-{stamp}.json"
+    path = OUT_DIR / f"{prefix}-{stamp}.json"
     path.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
     return path
+
+
+# -- report and event loop ---------------------------------------------------------
+def fmt(v: Any) -> str:
+    """A table cell: thousands separators, one decimal from 10 up, "-" for None."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.2f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """A markdown table (and a blank line after it), cells through ``fmt``."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def run_loop(coro: Any) -> Any:
+    """Run ``coro`` on uvloop when installed (as the node does), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
