@@ -77,6 +77,7 @@ DRAIN_S = 10.0
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 Doc = dict[str, Any]
+_fmt, _table = common.fmt, common.md_table
 
 
 # -- 1. raw store --------------------------------------------------------------
@@ -267,16 +268,19 @@ class Receiver:
             self.load.other[str(f.get("op"))] += 1
 
 
+async def dial(ws_url: str, secret: str, user: str, open_timeout: float = 15
+               ) -> ClientConnection:
+    """One WebSocket as ``user`` (a fresh token); no compression, no keepalive pings."""
+    token = issue_token(secret, user, 3600)
+    return await connect(f"{ws_url}?token={token}", compression=None, proxy=None,
+                         ping_interval=None, open_timeout=open_timeout, close_timeout=2)
+
+
 async def open_load(ws_url: str, secret: str, pairs: int, tag: str) -> Load:
     load = Load()
-
-    async def dial(user: str) -> ClientConnection:
-        token = issue_token(secret, user, 3600)
-        return await connect(f"{ws_url}?token={token}", compression=None, proxy=None,
-                             ping_interval=None, open_timeout=15, close_timeout=2)
-
-    receivers = await asyncio.gather(*(dial(f"{tag}-r{i}") for i in range(pairs)))
-    senders = await asyncio.gather(*(dial(f"{tag}-s{i}") for i in range(pairs)))
+    receivers = await asyncio.gather(*(dial(ws_url, secret, f"{tag}-r{i}")
+                                       for i in range(pairs)))
+    senders = await asyncio.gather(*(dial(ws_url, secret, f"{tag}-s{i}") for i in range(pairs)))
     load.receivers = [Receiver(ws, load) for ws in receivers]
     load.senders = [Sender(ws, f"{tag}-r{i}", load) for i, ws in enumerate(senders)]
     return load
@@ -421,22 +425,6 @@ async def latency_phase(load: Load, args: argparse.Namespace, rate: float,
 
 
 # -- 4. report -----------------------------------------------------------------------
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.2f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
-    return out + [""]
-
-
 def _raw_lines(raw: dict[str, Any]) -> list[str]:
     rows = []
     for r in raw["runs"] + raw["reference"]:
@@ -646,16 +634,10 @@ async def _finish(args: argparse.Namespace, res: dict[str, Any],
         await common.drop_databases(args.mongo_url, dbs)
         if not args.node_url:
             res["cleanup_redis_keys"] = await common.delete_redis_keys(args.redis_url, ns)
+            amqp = os.environ.get("IM_AMQP_URL") or common.DEFAULT_AMQP_URL  # the node's
+            res["cleanup_exchanges"] = await common.delete_exchanges(amqp, ns)
     except Exception as exc:  # noqa: BLE001 - reported, the results still matter
         res["cleanup_error"] = repr(exc)
-
-
-def _run_loop(coro: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -663,11 +645,11 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else argv
     args.stamp = common.utc_stamp()
     args.code = common.code_version()
-    res = _run_loop(run(args))
+    res = common.run_loop(run(args))
     raw = res.get("raw")
     res["ratio"] = (round(res["saturation"]["acks_per_s"] / raw["best_msgs_per_s"], 3)
                     if raw and raw["best_msgs_per_s"] else None)
-    res["json"] = str(common.write_json(res, args.stamp))
+    res["json"] = str(common.write_json(res, args.stamp, "chat"))
     print(render(res))
     return 0
 

@@ -27,6 +27,7 @@ import orjson
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "bench" / "out"
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"  # the node's default (IM_AMQP_URL)
 _READY = re.compile(r"gateway: node (\S+) (ws://\S+) (http://\S+)")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -234,12 +235,19 @@ def log_findings(path: Path, limit: int = 8) -> dict[str, Any]:
         m = re.match(r"\S+ \S+ (WARNING|ERROR|CRITICAL) (\S+) (.*)", line)
         if m:
             levels[m.group(1)] += 1
-            messages[f"{m.group(1)} {m.group(2)}: {re.sub(r'[0-9a-f]{10}', '*', m.group(3))}"] += 1
+            messages[f"{m.group(1)} {m.group(2)}: {_log_shape(m.group(3))}"] += 1
         elif line.startswith(("Traceback", "Exception")):
             levels["traceback"] += 1
     return {"warnings": levels["WARNING"], "errors": levels["ERROR"] + levels["CRITICAL"],
             "tracebacks": levels["traceback"],
             "top": [{"count": n, "line": msg[:200]} for msg, n in messages.most_common(limit)]}
+
+
+def _log_shape(message: str) -> str:
+    """A log message with what varies per line (hex ids, user ids) starred out,
+    so lines of one kind are counted together."""
+    message = re.sub(r"\b(for|user) \S+?:", r"\1 *:", message)
+    return re.sub(r"[0-9a-f]{10}", "*", message)
 
 
 # -- cleanup -------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 __all__ = ["Broker", "LocalDelivery", "RoutePurger"]
@@ -35,4 +35,6 @@ class Broker(Protocol):
 class RoutePurger(Protocol):
     """Deletes routes that point at dead nodes."""
 
-    async def purge(self, user: str, fields: Iterable[str]) -> None: ...
+    async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None:
+        """``dead``: user -> route fields to delete; one round trip."""
+        ...

@@ -48,7 +48,8 @@ class Router:
         self._outq: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=outbox_max)
         self._failed: deque[tuple[str, bytes]] = deque(maxlen=outbox_max)
         self._publisher: asyncio.Task[None] | None = None
-        self._purges: set[asyncio.Task[None]] = set()
+        self._dead_routes: dict[str, set[str]] = {}
+        self._purger: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.broker.start(self.node, self.on_envelope, self._broker_resumed)
@@ -58,8 +59,8 @@ class Router:
         if self._publisher is not None:
             self._publisher.cancel()
             await asyncio.gather(self._publisher, return_exceptions=True)
-        for t in list(self._purges):
-            t.cancel()
+        if self._purger is not None:
+            self._purger.cancel()
         await self.broker.close()
 
     # -- liveness ------------------------------------------------------------
@@ -129,16 +130,27 @@ class Router:
                     self.stats["envelopes_out"] += 1
 
     def _purge(self, user: str, fields: list[str]) -> None:
-        if len(self._purges) > 100:  # bounded: the next reader purges the rest
-            return
-        task = asyncio.create_task(self._purge_one(user, fields))
-        self._purges.add(task)
-        task.add_done_callback(self._purges.discard)
+        """Queue dead routes for deletion; one task deletes them in batches.
 
-    async def _purge_one(self, user: str, fields: list[str]) -> None:
-        with contextlib.suppress(Exception):
-            await self.routes.purge(user, fields)
-            self.stats["routes_purged"] += len(fields)
+        When a node dies every sender meets its routes at once: coalescing per
+        user and pipelining keeps that from taking every Redis connection.
+        """
+        if len(self._dead_routes) >= 10_000 and user not in self._dead_routes:
+            return  # bounded: later readers meet the rest again
+        self._dead_routes.setdefault(user, set()).update(fields)
+        if self._purger is None or self._purger.done():
+            self._purger = asyncio.create_task(self._purge_loop())
+
+    async def _purge_loop(self) -> None:
+        while self._dead_routes:
+            batch, self._dead_routes = self._dead_routes, {}
+            try:
+                await self.routes.purge_many(batch)
+                self.stats["routes_purged"] += sum(len(f) for f in batch.values())
+            except Exception as exc:  # noqa: BLE001 - best effort; readers retry
+                log.warning("route purge failed: %s", exc)
+                return
+            await asyncio.sleep(0.05)
 
     # -- incoming ------------------------------------------------------------
     def on_envelope(self, data: bytes) -> None:

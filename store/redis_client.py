@@ -17,13 +17,20 @@ __all__ = ["connect_redis", "load_lua", "redis_guard"]
 
 
 def connect_redis(url: str, timeout_s: float) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
+    """A client whose pool waits (up to ``timeout_s``) for a free connection.
+
+    The default asyncio pool raises ``MaxConnectionsError`` at once when all
+    connections are busy: a burst of background work then failed sends.
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=64,
+        timeout=timeout_s,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         health_check_interval=15,
-        max_connections=64,
     )
+    return aioredis.Redis(connection_pool=pool)
 
 
 def load_lua(name: str) -> str:

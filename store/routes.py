@@ -9,7 +9,7 @@ whose heartbeat has lapsed and delete them as they meet them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import redis.asyncio as aioredis
 
@@ -48,12 +48,15 @@ class RouteStore:
                 pipe.hdel(self.keys.routes(user), self.field(node, conn))
             await pipe.execute()
 
-    async def purge(self, user: str, fields: Iterable[str]) -> None:
-        """Drop routes to dead nodes met while looking a user up."""
-        names = list(fields)
-        if names:
-            async with redis_guard():
-                await self.redis.hdel(self.keys.routes(user), *names)
+    async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None:
+        """Drop routes to dead nodes met while looking users up (one pipeline)."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for user, fields in dead.items():
+                names = list(fields)
+                if names:
+                    pipe.hdel(self.keys.routes(user), *names)
+            await pipe.execute()
 
     # -- node liveness -------------------------------------------------------
     async def heartbeat(self, node: str, ttl_s: float) -> dict[str, float]:
