@@ -33,6 +33,9 @@ __all__ = ["Sessions"]
 
 log = logging.getLogger("gateway.session")
 T = TypeVar("T")
+# Contract ops a later release serves: parsed and validated, then refused clearly.
+_NOT_YET: dict[type, str] = {p.GroupSend: "group_send", p.Join: "join", p.Leave: "leave",
+                             p.RoomSend: "room_send"}
 
 
 class Sessions:
@@ -87,7 +90,7 @@ class Sessions:
         elif isinstance(frame, p.RecvAck):
             await self._spawn(client, self._recv_ack(client, frame))
         else:
-            op = type(frame).__name__
+            op = _NOT_YET.get(type(frame), type(frame).__name__)
             await self._error(client, ProtocolError(
                 "bad_request", f"op {op!r} is not served by this node version", frame.id))
 

@@ -177,3 +177,15 @@ async def test_history_only_shows_the_callers_own_conversations(node, connect, h
 async def test_unknown_path_is_a_clean_404(node, http):
     r = await http(uid()).get("/v1/nope")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("frame", [
+    '{"op":"join","id":1,"room":"r1"}',
+    '{"op":"group_send","id":1,"group":"g","cmid":"c","body":1}',
+])
+async def test_ops_of_later_releases_are_refused_by_name(node, connect, frame):
+    c = await connect(node, uid())
+    await c.send_raw(frame)
+    err = await c.next_push()
+    assert err["code"] == "bad_request" and "is not served" in err["message"]
+    assert frame.split('"')[3] in err["message"]
