@@ -47,37 +47,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import resource
 import secrets
-import shlex
-import sys
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
-import orjson
 from pymongo import AsyncMongoClient, WriteConcern
 from pymongo.asynchronous.database import AsyncDatabase
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
 
-from bench import common
-from gateway.auth import issue_token
+from bench import cli, common
+from bench.load import (
+    TEXT,
+    Load,
+    closed_loop,
+    measure_window,
+    open_load,
+    paced,
+    stop_pumps,
+    summarise,
+)
+from bench.report import fmt, header_lines, load_section, md_table, profile_section
 from store.messages import INDEXES, ChatMessage, body_doc, box_docs
 
-TEXT = "hello from the chat benchmark, a short line of text"
 RAW_BATCHES = (1, 16, 64, 256)
 RAW_SECONDS = 4.0
 RAW_MAX_MSGS = 20_000
-DRAIN_S = 10.0
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 Doc = dict[str, Any]
-_fmt, _table = common.fmt, common.md_table
 
 
 # -- 1. raw store --------------------------------------------------------------
@@ -151,222 +147,13 @@ async def raw_store_phase(mongo_url: str, db_name: str) -> dict[str, Any]:
             "best_msgs_per_s": best["msgs_per_s"]}
 
 
-# -- the load generator ------------------------------------------------------------
-@dataclass
-class PhaseStats:
-    """Counts of one phase; only messages sent while ``open`` are counted."""
-
-    phase: int
-    open: bool = False
-    sent: int = 0
-    acks: int = 0
-    deliveries: int = 0
-    errors: Counter[str] = field(default_factory=Counter)
-    ack_lat: list[float] = field(default_factory=list)
-    dlv_lat: list[float] = field(default_factory=list)
-    lag: list[float] = field(default_factory=list)
-
-
-class Load:
-    """All connections of the benchmark, in this one process."""
-
-    def __init__(self) -> None:
-        self.stats = PhaseStats(0)
-        self.senders: list[Sender] = []
-        self.receivers: list[Receiver] = []
-        self.other: Counter[str] = Counter()  # frames nobody expected (op -> count)
-
-    def begin_phase(self, phase: int) -> PhaseStats:
-        self.stats = PhaseStats(phase)
-        return self.stats
-
-    async def drain(self, timeout_s: float = DRAIN_S) -> dict[str, int]:
-        """Wait for outstanding acks and pushes of the phase; report what never came."""
-        deadline = time.perf_counter() + timeout_s
-        while time.perf_counter() < deadline:
-            if not self.inflight() and self.stats.deliveries >= self.stats.acks:
-                break
-            await asyncio.sleep(0.05)
-        return {"unanswered": self.inflight(),
-                "undelivered": max(0, self.stats.acks - self.stats.deliveries)}
-
-    def inflight(self) -> int:
-        return sum(len(s.inflight) for s in self.senders)
-
-    async def close(self) -> None:
-        conns = [*self.senders, *self.receivers]
-        await asyncio.gather(*(c.ws.close() for c in conns), return_exceptions=True)
-        for c in conns:
-            c.reader.cancel()
-
-
-class Sender:
-    """One sending device: numbered requests, acks matched by ``re``."""
-
-    def __init__(self, ws: ClientConnection, to: str, load: Load) -> None:
-        self.ws, self.to, self.load = ws, to, load
-        self.inflight: dict[int, tuple[float, PhaseStats | None]] = {}
-        self.slots: asyncio.Semaphore | None = None  # closed-loop window, if any
-        self._rid = 0
-        self.reader = asyncio.create_task(self._read())
-
-    async def send(self) -> None:
-        self._rid += 1
-        stats = self.load.stats if self.load.stats.open else None
-        mark = stats.phase if stats is not None else -1
-        t = time.perf_counter()
-        self.inflight[self._rid] = (t, stats)
-        frame = {"op": "send", "id": self._rid, "to": self.to, "cmid": f"c{self._rid}",
-                 "body": {"t": t, "m": mark, "text": TEXT}}
-        await self.ws.send(orjson.dumps(frame).decode())
-        if stats is not None:
-            stats.sent += 1
-
-    async def _read(self) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            async for data in self.ws:
-                self._on_frame(orjson.loads(data))
-
-    def _on_frame(self, f: dict[str, Any]) -> None:
-        op = f.get("op")
-        entry = self.inflight.pop(f.get("re"), None) if op in ("ack", "error") else None
-        if entry is None:
-            key = f"{op}:{f.get('code')}" if op == "error" else str(op)
-            self.load.other[key] += 1
-            return
-        if self.slots is not None:
-            self.slots.release()
-        t, stats = entry
-        if stats is None:
-            return
-        if op == "ack":
-            stats.acks += 1
-            stats.ack_lat.append(time.perf_counter() - t)
-        else:
-            stats.errors[str(f.get("code"))] += 1
-
-
-class Receiver:
-    """One receiving device: counts pushes of the current phase."""
-
-    def __init__(self, ws: ClientConnection, load: Load) -> None:
-        self.ws, self.load = ws, load
-        self.reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            async for data in self.ws:
-                self._on_frame(orjson.loads(data))
-
-    def _on_frame(self, f: dict[str, Any]) -> None:
-        body = f.get("body")
-        stats = self.load.stats
-        if f.get("op") == "msg" and isinstance(body, dict) and body.get("m") == stats.phase:
-            stats.deliveries += 1
-            stats.dlv_lat.append(time.perf_counter() - body["t"])
-        elif f.get("op") != "msg":
-            self.load.other[str(f.get("op"))] += 1
-
-
-async def dial(ws_url: str, secret: str, user: str, open_timeout: float = 15
-               ) -> ClientConnection:
-    """One WebSocket as ``user`` (a fresh token); no compression, no keepalive pings."""
-    token = issue_token(secret, user, 3600)
-    return await connect(f"{ws_url}?token={token}", compression=None, proxy=None,
-                         ping_interval=None, open_timeout=open_timeout, close_timeout=2)
-
-
-async def open_load(ws_url: str, secret: str, pairs: int, tag: str) -> Load:
-    load = Load()
-    receivers = await asyncio.gather(*(dial(ws_url, secret, f"{tag}-r{i}")
-                                       for i in range(pairs)))
-    senders = await asyncio.gather(*(dial(ws_url, secret, f"{tag}-s{i}") for i in range(pairs)))
-    load.receivers = [Receiver(ws, load) for ws in receivers]
-    load.senders = [Sender(ws, f"{tag}-r{i}", load) for i, ws in enumerate(senders)]
-    return load
-
-
-# -- measuring windows ----------------------------------------------------------------
-@dataclass
-class Meter:
-    """CPU of every process (from /proc) and of this one (getrusage) over a window."""
-
-    names: dict[int, str]
-    snap: common.CpuSnapshot = field(default_factory=common.cpu_snapshot)
-    own: float = field(default_factory=lambda: _own_cpu())
-
-    def stop(self) -> tuple[float, dict[str, Any]]:
-        after = common.cpu_snapshot()
-        seconds = after.wall - self.snap.wall
-        report = common.cpu_report(self.snap, after, self.names)
-        report["load_generator_cores"] = round((_own_cpu() - self.own) / seconds, 3)
-        return seconds, report
-
-
-def _own_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
-def summarise(stats: PhaseStats, seconds: float, cpu: dict[str, Any],
-              drain: dict[str, int]) -> dict[str, Any]:
-    return {
-        "seconds": round(seconds, 3), "sent": stats.sent, "acks": stats.acks,
-        "deliveries": stats.deliveries,
-        "sent_per_s": round(stats.sent / seconds, 1),
-        "acks_per_s": round(stats.acks / seconds, 1),
-        "deliveries_per_s": round(stats.deliveries / seconds, 1),
-        "errors": dict(stats.errors), **drain,
-        "ack_latency": common.latency_summary(stats.ack_lat),
-        "delivery_latency": common.latency_summary(stats.dlv_lat),
-        "send_lag": common.latency_summary(stats.lag),
-        "cpu": cpu,
-    }
-
-
-async def measure_window(load: Load, names: dict[int, str], node: common.NodeProcess | None,
-                         opens_at: float, closes_at: float) -> tuple[float, dict[str, Any]]:
-    """Count the current phase between two perf_counter instants; CPU and node metrics."""
-    await asyncio.sleep(max(0.0, opens_at - time.perf_counter()))
-    metrics = await common.fetch_metrics(node.http_url) if node else {}
-    meter, load.stats.open = Meter(names), True
-    await asyncio.sleep(max(0.0, closes_at - time.perf_counter()))
-    load.stats.open = False
-    seconds, cpu = meter.stop()
-    if node is not None:
-        after = await common.fetch_metrics(node.http_url)
-        cpu["node_metrics"] = common.metrics_delta(metrics, after)
-    return seconds, cpu
-
-
-async def stop_pumps(pumps: list[asyncio.Task[None]]) -> int:
-    """Let the senders' loops end by themselves (bounded); returns how many had to be cancelled."""
-    _, stuck = await asyncio.wait(pumps, timeout=DRAIN_S)
-    for t in stuck:
-        t.cancel()
-    await asyncio.gather(*pumps, return_exceptions=True)
-    return len(stuck)
-
-
 # -- 2. saturation -------------------------------------------------------------------
-async def _closed_loop(sender: Sender, window: int, until: float) -> None:
-    sender.slots = asyncio.Semaphore(window)
-    while (remaining := until - time.perf_counter()) > 0:
-        try:
-            await asyncio.wait_for(sender.slots.acquire(), remaining)
-        except TimeoutError:
-            return
-        if time.perf_counter() >= until:
-            return
-        await sender.send()
-
-
 async def saturation_phase(load: Load, args: argparse.Namespace, names: dict[int, str],
                            node: common.NodeProcess | None) -> dict[str, Any]:
     stats = load.begin_phase(1)
     opens_at = time.perf_counter() + args.warmup
     until = opens_at + args.duration
-    pumps = [asyncio.create_task(_closed_loop(s, args.window, until)) for s in load.senders]
+    pumps = [asyncio.create_task(closed_loop(s, args.window, until)) for s in load.senders]
     profile = _start_profile(args, node, args.warmup)
     seconds, cpu = await measure_window(load, names, node, opens_at, until)
     cpu["stuck_senders"] = await stop_pumps(pumps)
@@ -394,19 +181,6 @@ def _start_profile(args: argparse.Namespace, node: common.NodeProcess | None,
 
 
 # -- 3. fixed-rate latency ----------------------------------------------------------
-async def _paced(sender: Sender, first: float, interval: float, until: float) -> None:
-    """Open loop: send at first, first + interval, ... whatever the acks do."""
-    due = first
-    while due < until:
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if sender.load.stats.open:
-            sender.load.stats.lag.append(max(0.0, time.perf_counter() - due))
-        await sender.send()
-        due += interval
-
-
 async def latency_phase(load: Load, args: argparse.Namespace, rate: float,
                         names: dict[int, str], node: common.NodeProcess | None
                         ) -> dict[str, Any]:
@@ -415,7 +189,7 @@ async def latency_phase(load: Load, args: argparse.Namespace, rate: float,
     start = time.perf_counter() + 0.05
     opens_at = start + args.warmup
     until = opens_at + args.duration
-    pumps = [asyncio.create_task(_paced(s, start + i / rate, pairs / rate, until))
+    pumps = [asyncio.create_task(paced(s, start + i / rate, pairs / rate, until))
              for i, s in enumerate(load.senders)]
     seconds, cpu = await measure_window(load, names, node, opens_at, until)
     cpu["stuck_senders"] = await stop_pumps(pumps)
@@ -436,75 +210,23 @@ def _raw_lines(raw: dict[str, Any]) -> list[str]:
         top = ", ".join(f"{p['what'][:28]} {p['cores']:.2f}" for p in r["cpu"]["top"])
         rows.append([r["batch"], what, r["messages"], r["msgs_per_s"], r["docs_per_s"], top])
     lines = ["## 1. Raw store (AsyncMongoClient, sequential batches)", ""]
-    lines += _table(["B", "what", "messages", "msgs/s", "docs/s", "CPU cores (top 3)"], rows)
+    lines += md_table(["B", "what", "messages", "msgs/s", "docs/s", "CPU cores (top 3)"], rows)
     return lines + [f"Raw store rate (best B={raw['best_batch']}): "
-                    f"**{_fmt(raw['best_msgs_per_s'])} msgs/s**", ""]
-
-
-def _load_lines(title: str, r: dict[str, Any]) -> list[str]:
-    a, d, lag = r["ack_latency"], r["delivery_latency"], r["send_lag"]
-    rows = [["window (s)", r["seconds"]], ["sent/s", r["sent_per_s"]],
-            ["acks/s", r["acks_per_s"]], ["deliveries/s", r["deliveries_per_s"]],
-            ["errors", ", ".join(f"{k}={v}" for k, v in r["errors"].items()) or "none"],
-            ["unanswered / undelivered after drain", f"{r['unanswered']} / {r['undelivered']}"],
-            ["ack latency p50/p95/p99/max (ms)",
-             " / ".join(_fmt(a[k]) for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms"))],
-            ["delivery latency p50/p99/max (ms)",
-             " / ".join(_fmt(d[k]) for k in ("p50_ms", "p99_ms", "max_ms"))]]
-    if "target_per_s" in r:
-        rows.insert(1, ["target rate/s", r["target_per_s"]])
-        rows.append(["send lag p99/max (ms)", f"{_fmt(lag['p99_ms'])} / {_fmt(lag['max_ms'])}"])
-    rows += _cpu_rows(r["cpu"]) + _node_metric_rows(r["cpu"].get("node_metrics"))
-    return [f"## {title}", ""] + _table(["", "value"], rows)
-
-
-def _node_metric_rows(nm: dict[str, Any] | None) -> list[list[Any]]:
-    if not nm:
-        return []
-    batches = ", ".join(f"{k} {v}" for k, v in sorted(nm["mean_batch_size"].items()))
-    wanted = ("im_sends_total", "im_errors_total", "im_push_skipped_total", "im_pushes_total")
-    counters = ", ".join(f"{k.removeprefix('im_')}={v}" for k, v in nm["counters"].items()
-                         if k.startswith(wanted))
-    return [["node: mean store batch size in window", batches or "-"],
-            ["node: counters in window", counters or "-"]]
-
-
-def _cpu_rows(cpu: dict[str, Any]) -> list[list[Any]]:
-    rows: list[list[Any]] = [["machine CPU busy %", cpu["machine_busy_pct"]],
-                             ["load generator CPU (cores)", cpu["load_generator_cores"]]]
-    rows += [[f"CPU cores: {p['what']} (pid {p['pid']})", p["cores"]] for p in cpu["top"]]
-    return rows
-
-
-def _profile_lines(prof: dict[str, Any] | None) -> list[str]:
-    if not prof:
-        return []
-    if "skipped" in prof:
-        return [f"py-spy: {prof['skipped']}", ""]
-    lines = [f"## Node profile (py-spy, {prof['samples']} samples of "
-             f"{prof['expected_if_always_busy']} if always busy)", ""]
-    rows = [[s["pct"], s["fn"], i["pct"], i["fn"]]
-            for s, i in zip(prof["self"], prof["inclusive"], strict=False)]
-    return lines + _table(["self %", "function", "incl %", "function"], rows)
+                    f"**{fmt(raw['best_msgs_per_s'])} msgs/s**", ""]
 
 
 def render(res: dict[str, Any]) -> str:
-    m, s = res["machine"], res["settings"]
-    lines = ["# Chat benchmark", "", f"`{res['command']}`", "",
-             f"- machine: {m['nproc']} CPUs, {m['cpu_model']}, Python {m['python']}, "
-             f"kernel {m['kernel']}, load avg at start {m['loadavg_at_start'][0]:.2f}",
-             f"- code: commit {res['code']['commit']}, uncommitted changes in "
-             f"{len(res['code']['uncommitted_in_gateway_router_store'])} gateway/router/store "
-             "files",
-             f"- node: {res['node']['where']}, run namespace {res['namespace']}; pairs "
+    s = res["settings"]
+    lines = header_lines("Chat benchmark", res)
+    lines += [f"- node: {res['node']['where']}, run namespace {res['namespace']}; pairs "
              f"{s['pairs']}, window {s['window']}, duration {s['duration']} s, "
              f"warmup {s['warmup']} s", ""]
     if res.get("raw"):
         lines += _raw_lines(res["raw"])
-    lines += _load_lines("2. Saturation (closed loop)", res["saturation"])
-    lines += _profile_lines(res["saturation"].get("profile"))
-    lines += _load_lines("3. Fixed-rate latency (open loop)", res["latency"])
-    lines += ["## 4. Summary", ""] + _table(["figure", "value"], _summary_rows(res))
+    lines += load_section("2. Saturation (closed loop)", res["saturation"])
+    lines += profile_section(res["saturation"].get("profile"))
+    lines += load_section("3. Fixed-rate latency (open loop)", res["latency"])
+    lines += ["## 4. Summary", ""] + md_table(["figure", "value"], _summary_rows(res))
     lines += [f"Results: `{res['json']}`"]
     if res["node"].get("log"):
         lines[-1] += f"; node log: `{res['node']['log']}`"
@@ -522,9 +244,9 @@ def _summary_rows(res: dict[str, Any]) -> list[list[Any]]:
         rows += [["raw store msgs/s (best B)", res["raw"]["best_msgs_per_s"]],
                  ["ratio gateway / raw", res["ratio"]]]
     rows += [["latency run: achieved / target msgs/s",
-              f"{_fmt(lat['acks_per_s'])} / {_fmt(lat['target_per_s'])}"],
+              f"{fmt(lat['acks_per_s'])} / {fmt(lat['target_per_s'])}"],
              ["latency run: ack p50 / p99 (ms)",
-              f"{_fmt(lat['ack_latency']['p50_ms'])} / {_fmt(lat['ack_latency']['p99_ms'])}"]]
+              f"{fmt(lat['ack_latency']['p50_ms'])} / {fmt(lat['ack_latency']['p99_ms'])}"]]
     logs = res["node"].get("log_findings")
     if logs:
         rows.append(["node log warnings / errors / tracebacks",
@@ -536,12 +258,7 @@ def _summary_rows(res: dict[str, Any]) -> list[list[Any]]:
 
 # -- main ------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.chat_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairs", type=int, default=50, help="sender->receiver pairs (default 50)")
-    p.add_argument("--window", type=int, default=32, help="in-flight sends per sender")
-    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per phase")
-    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first")
+    p = cli.new_parser("python -m bench.chat_bench", __doc__)
     p.add_argument("--rate", type=float, help="latency phase msgs/s (default: saturation/2)")
     p.add_argument("--skip-raw", action="store_true", help="leave out the raw store phase")
     p.add_argument("--node-url", help="ws://127.0.0.1:PORT/ws of a running node (needs --secret)")
@@ -553,18 +270,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.node_url and not args.secret:
         p.error("--node-url needs --secret")
-    for url in (args.node_url, args.mongo_url, args.redis_url):
-        if url and urlsplit(url).hostname not in LOOPBACK:
-            p.error(f"{url}: only 127.0.0.1 is allowed")
-    if min(args.pairs, args.window) < 1 or args.duration <= 0 or args.warmup < 0:
-        p.error("--pairs and --window must be >= 1, --duration > 0, --warmup >= 0")
+    cli.check_load_args(p, args, [url for url in (args.node_url, args.mongo_url,
+                                                  args.redis_url) if url])
     return args
-
-
-def _node_env(args: argparse.Namespace, ns: str, secret: str) -> dict[str, str]:
-    return {"IM_NAMESPACE": ns, "IM_WS_PORT": "0", "IM_HTTP_PORT": "0",
-            "IM_SEND_RATE": "1000000", "IM_SEND_BURST": "1000000", "IM_AUTH_SECRET": secret,
-            "IM_MONGO_URL": args.mongo_url, "IM_REDIS_URL": args.redis_url}
 
 
 async def _gateway_phases(args: argparse.Namespace, res: dict[str, Any],
@@ -584,21 +292,10 @@ async def _gateway_phases(args: argparse.Namespace, res: dict[str, Any],
         await load.close()
 
 
-def _redacted(argv: list[str]) -> list[str]:
-    """The command line without the value of ``--secret``."""
-    out = list(argv)
-    for i, a in enumerate(out):
-        if a == "--secret" and i + 1 < len(out):
-            out[i + 1] = "***"
-        elif a.startswith("--secret="):
-            out[i] = "--secret=***"
-    return out
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     ns = common.new_namespace()
     res: dict[str, Any] = {
-        "command": ".venv/bin/python -m bench.chat_bench " + shlex.join(_redacted(args.argv)),
+        "command": cli.command_line("bench.chat_bench", args.argv),
         "utc": args.stamp, "machine": common.machine_facts(), "code": args.code,
         "namespace": ns,
         "settings": {k: getattr(args, k) for k in ("pairs", "window", "duration", "warmup",
@@ -611,7 +308,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             res["raw"] = await raw_store_phase(args.mongo_url, f"{ns}_raw")
         if not args.node_url:
             log = common.OUT_DIR / f"node-{args.stamp}.log"
-            node = common.NodeProcess(_node_env(args, ns, res["_secret"]), log)
+            node = common.NodeProcess(common.node_env(args, ns, res["_secret"]), log)
             await node.start()
         res["node"] = {"where": args.node_url or f"started {node.name if node else ''}",
                        "pid": node.pid if node else None}
@@ -642,9 +339,7 @@ async def _finish(args: argparse.Namespace, res: dict[str, Any],
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
-    args.stamp = common.utc_stamp()
-    args.code = common.code_version()
+    cli.note_invocation(args, argv)
     res = common.run_loop(run(args))
     raw = res.get("raw")
     res["ratio"] = (round(res["saturation"]["acks_per_s"] / raw["best_msgs_per_s"], 3)

@@ -1,11 +1,12 @@
 """Shared helpers for the benchmarks: the node subprocess, cleanup, CPU accounting,
 percentiles, machine facts, py-spy profiles and result files.
 
-Nothing here knows about the chat protocol; see ``bench/chat_bench.py``.
+Nothing here knows about the chat protocol; see ``bench/load.py``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import math
@@ -157,6 +158,14 @@ def cpu_report(before: CpuSnapshot, after: CpuSnapshot, names: dict[int, str],
 
 
 # -- the node subprocess -------------------------------------------------------
+def node_env(args: argparse.Namespace, ns: str, secret: str) -> dict[str, str]:
+    """The node's settings for a benchmark: namespace ``ns``, any free ports, no send
+    rate limit, ``secret`` for tokens, and the store URLs of ``args``."""
+    return {"IM_NAMESPACE": ns, "IM_WS_PORT": "0", "IM_HTTP_PORT": "0",
+            "IM_SEND_RATE": "1000000", "IM_SEND_BURST": "1000000", "IM_AUTH_SECRET": secret,
+            "IM_MONGO_URL": args.mongo_url, "IM_REDIS_URL": args.redis_url}
+
+
 @dataclass
 class NodeProcess:
     """``python -m gateway serve`` in a subprocess; stderr (its log) goes to a file."""
@@ -419,25 +428,7 @@ def write_json(results: dict[str, Any], stamp: str, prefix: str = "chat") -> Pat
     return path
 
 
-# -- report and event loop ---------------------------------------------------------
-def fmt(v: Any) -> str:
-    """A table cell: thousands separators, one decimal from 10 up, "-" for None."""
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.2f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
-def md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    """A markdown table (and a blank line after it), cells through ``fmt``."""
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
-    return out + [""]
-
-
+# -- event loop ------------------------------------------------------------------
 def run_loop(coro: Any) -> Any:
     """Run ``coro`` on uvloop when installed (as the node does), else asyncio."""
     try:
