@@ -21,6 +21,7 @@ from gateway.auth import issue_token
 from gateway.config import Settings
 from gateway.node import Node
 from tests.helpers import WsClient
+from tests.servers import PrivateServer
 
 SECRET = "test-secret-0123456789-abcdefghijkl"
 RUN_NS = "t" + uuid.uuid4().hex[:10]
@@ -106,6 +107,22 @@ async def http(node: Node) -> AsyncIterator[Callable[[str], httpx.AsyncClient]]:
     yield factory
     for c in clients:
         await c.aclose()
+
+
+@pytest.fixture
+async def private() -> AsyncIterator[Callable[[str], Awaitable[PrivateServer]]]:
+    """Private servers ("redis" or "mongo") a test may kill and restart."""
+    servers: list[PrivateServer] = []
+
+    async def factory(kind: str) -> PrivateServer:
+        server = PrivateServer(kind)
+        await server.start()
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        await server.stop_and_clean()
 
 
 def uid(prefix: str = "u") -> str:

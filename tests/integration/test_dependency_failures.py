@@ -8,25 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from tests.conftest import uid
-from tests.servers import PrivateServer
-
-
-@pytest.fixture
-async def private():
-    servers: list[PrivateServer] = []
-
-    async def factory(kind: str) -> PrivateServer:
-        s = PrivateServer(kind)
-        await s.start()
-        servers.append(s)
-        return s
-
-    yield factory
-    for s in servers:
-        await s.stop_and_clean()
 
 
 async def send_until_ack(client, to, cmid, body, tries=40):

@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 
-import pytest
-
 from tests.conftest import RUN_NS, SECRET, uid
 from tests.procs import NodeProcess, node_env
-from tests.servers import PrivateServer, wait_port
+from tests.servers import wait_port
 from tests.soak import Endpoint, Soak
 
 FAST_HEARTBEAT = {"heartbeat_s": 0.5, "heartbeat_ttl_s": 2.0}
@@ -94,17 +92,10 @@ async def test_rabbitmq_restart_mid_soak(make_node):
     assert_nothing_acked_was_lost(result)
 
 
-@pytest.fixture
-async def private_redis():
-    server = PrivateServer("redis")
-    await server.start()
-    yield server
-    await server.stop_and_clean()
-
-
-async def test_redis_flush_mid_soak(private_redis, make_node):
+async def test_redis_flush_mid_soak(private, make_node):
     import redis.asyncio as aioredis
 
+    private_redis = await private("redis")
     nodes = [await make_node(redis_url=private_redis.url, **FAST_HEARTBEAT) for _ in range(3)]
     for n in nodes:
         await n.beat()
