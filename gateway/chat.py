@@ -65,13 +65,16 @@ class ChatService:
         self.metrics = metrics
         common = {"max_batch": settings.batch_max, "max_pending": settings.pending_max}
         self._claims: Batcher[Claim, str | None] = Batcher(
-            self._flush_claims, name="redis", **common)
+            self._flush_claims, name="redis", observe=metrics.stage_observer("dedup"), **common)
         # MongoDB's cost per call dominates at small batches, so the write stage
         # lingers briefly (IM_MONGO_LINGER_MS) to let a batch fill.
         self._writes: Batcher[ChatMessage, int] = Batcher(
-            self._flush_writes, name="mongo", linger_s=settings.mongo_linger_ms / 1000, **common)
+            self._flush_writes, name="mongo", linger_s=settings.mongo_linger_ms / 1000,
+            concurrency=settings.mongo_inflight, observe=metrics.stage_observer("mongo"),
+            **common)
         self._deliveries: Batcher[_Outgoing, tuple[dict[str, str], dict[str, str]]] = Batcher(
-            self._flush_deliveries, name="redis", **common)
+            self._flush_deliveries, name="redis", observe=metrics.stage_observer("redis"),
+            **common)
 
     # -- send ----------------------------------------------------------------
     async def send(self, sender: str, to: str, cmid: str, body: Any) -> SendResult:
@@ -96,17 +99,14 @@ class ChatService:
         return SendResult(mid, mid_time_ms(mid), frame, *routes)
 
     async def _flush_claims(self, claims: list[Claim]) -> list[str | None]:
-        self.metrics.batch_size.labels("dedup").observe(len(claims))
         return await self.stores.inbox.claim_cmids(claims)
 
     async def _flush_writes(self, msgs: list[ChatMessage]) -> list[int | BaseException]:
-        self.metrics.batch_size.labels("mongo").observe(len(msgs))
         return await self.stores.messages.store_batch(msgs)
 
     async def _flush_deliveries(
         self, items: list[_Outgoing]
     ) -> list[tuple[dict[str, str], dict[str, str]]]:
-        self.metrics.batch_size.labels("redis").observe(len(items))
         deliveries: list[Delivery] = []
         done: list[Claim] = []
         for it in items:

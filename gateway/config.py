@@ -46,6 +46,7 @@ class Settings:
     bad_frame_limit: int = 20  # bad frames per connection before close 1008
     batch_max: int = 256  # documents per Mongo batch / commands per Redis pipeline
     mongo_linger_ms: float = 2.0  # wait this long for a Mongo write batch to fill
+    mongo_inflight: int = 1  # Mongo write batches in flight at once
     pending_max: int = 20_000  # sends queued in a node before new ones get unavailable
     heartbeat_s: float = 2.0
     heartbeat_ttl_s: float = 6.0

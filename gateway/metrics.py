@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["NodeMetrics"]
@@ -32,12 +34,32 @@ class NodeMetrics:
             "im_store_batch_size", "Messages per store batch", ["stage"],
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r,
         )
+        stage_buckets = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+        self.stage_wait = Histogram(
+            "im_store_stage_wait_seconds", "Time the oldest item of a batch queued before "
+            "its flush began", ["stage"], buckets=stage_buckets, registry=r)
+        self.stage_flush = Histogram(
+            "im_store_stage_flush_seconds", "Time one batch flush took", ["stage"],
+            buckets=stage_buckets, registry=r)
         self.closed = Counter("im_closed_total", "Connections closed by the node",
                               ["reason"], registry=r)
         self.replays = Counter("im_broker_replays_total",
                                "Replays of offline entries after a broker outage", registry=r)
         self.http_requests = Counter("im_http_requests_total", "HTTP API calls",
                                      ["route", "status"], registry=r)
+
+    def stage_observer(self, stage: str) -> Callable[[int, float, float], None]:
+        """A ``Batcher`` observer feeding this stage's histograms."""
+        size = self.batch_size.labels(stage)
+        wait = self.stage_wait.labels(stage)
+        flush = self.stage_flush.labels(stage)
+
+        def observe(n: int, waited: float, took: float) -> None:
+            size.observe(n)
+            wait.observe(waited)
+            flush.observe(took)
+
+        return observe
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

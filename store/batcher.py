@@ -11,6 +11,7 @@ growing memory and latency without limit.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
@@ -23,6 +24,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 Flush = Callable[[list[T]], Awaitable[Sequence[R | BaseException]]]
+# (batch size, seconds the oldest item waited before its flush began, flush seconds)
+Observe = Callable[[int, float, float], None]
 
 
 class Batcher(Generic[T, R]):
@@ -37,6 +40,7 @@ class Batcher(Generic[T, R]):
         max_pending: int = 20_000,
         concurrency: int = 1,
         linger_s: float = 0.0,
+        observe: Observe | None = None,
     ) -> None:
         self._flush = flush
         self.name = name
@@ -44,7 +48,8 @@ class Batcher(Generic[T, R]):
         self.max_pending = max_pending
         self.concurrency = concurrency
         self.linger_s = linger_s
-        self._queue: deque[tuple[T, asyncio.Future[R]]] = deque()
+        self.observe = observe
+        self._queue: deque[tuple[T, asyncio.Future[R], float]] = deque()
         self._runners: set[asyncio.Task[None]] = set()  # strong refs only
         self._running = 0  # runners that will look at the queue again
         self.batches = 0
@@ -58,7 +63,7 @@ class Batcher(Generic[T, R]):
         if len(self._queue) >= self.max_pending:
             raise Unavailable(self.name, "overloaded")
         fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.append((item, fut))
+        self._queue.append((item, fut, time.perf_counter()))
         if self._running < self.concurrency:
             self._running += 1
             task = asyncio.create_task(self._run())
@@ -83,16 +88,19 @@ class Batcher(Generic[T, R]):
             batch = [self._queue.popleft() for _ in range(n)]
             self.batches += 1
             self.items += n
+            started = time.perf_counter()
             try:
-                results = await self._flush([item for item, _ in batch])
+                results = await self._flush([item for item, _, _ in batch])
             except BaseException as exc:  # noqa: BLE001 - handed to every waiter
-                for _, fut in batch:
+                for _, fut, _ in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 continue
-            for (_, fut), result in zip(batch, results, strict=True):
+            if self.observe is not None:
+                self.observe(n, started - batch[0][2], time.perf_counter() - started)
+            for (_, fut, _), result in zip(batch, results, strict=True):
                 if fut.done():
                     continue
                 if isinstance(result, BaseException):
