@@ -69,3 +69,17 @@ async def test_submit_right_after_a_runner_finishes_is_flushed():
     b: Batcher[int, int] = Batcher(flush, name="t")
     for i in range(200):  # each submit lands just as the previous runner exits
         assert await asyncio.wait_for(b.submit(i), 1) == i
+
+
+async def test_observer_sees_batch_size_wait_and_flush_time():
+    seen: list[tuple[int, float, float]] = []
+
+    async def flush(items: list[int]) -> list[int]:
+        await asyncio.sleep(0.01)
+        return items
+
+    b: Batcher[int, int] = Batcher(flush, name="t", observe=lambda *a: seen.append(a))
+    await asyncio.gather(*(b.submit(i) for i in range(3)))
+    assert [n for n, _, _ in seen] == [1, 2]  # the second batch queued behind the first
+    assert seen[1][1] >= 0.009  # it waited about one flush
+    assert all(took >= 0.009 for _, _, took in seen)
