@@ -79,7 +79,9 @@ async def test_observer_sees_batch_size_wait_and_flush_time():
         return items
 
     b: Batcher[int, int] = Batcher(flush, name="t", observe=lambda *a: seen.append(a))
-    await asyncio.gather(*(b.submit(i) for i in range(3)))
+    first = asyncio.create_task(b.submit(0))
+    await asyncio.sleep(0.001)  # the runner has taken item 0 and is flushing it
+    await asyncio.gather(first, b.submit(1), b.submit(2))
     assert [n for n, _, _ in seen] == [1, 2]  # the second batch queued behind the first
     assert seen[1][1] >= 0.009  # it waited about one flush
     assert all(took >= 0.009 for _, _, took in seen)
