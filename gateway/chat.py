@@ -9,7 +9,7 @@ load many sends share one round trip per stage.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -91,10 +91,13 @@ class ChatService:
                 self.metrics.sends.labels("duplicate").inc()
                 return SendResult(int(old), mid_time_ms(int(old)), None)
             mid = int(old)  # in flight or failed earlier: redo it under the same mid
-        mid = await self._writes.submit(ChatMessage(mid, sender, to, cmid, body))
+        msg = ChatMessage(mid, sender, to, cmid, body)
+        stored = await self._writes.submit(msg)
+        if stored != mid:  # MongoDB already had this cmid under its original mid
+            msg = replace(msg, mid=stored)
+            mid = stored
         frame = encode(msg_frame(mid, sender, to, body))
-        routes = await self._deliveries.submit(
-            _Outgoing(ChatMessage(mid, sender, to, cmid, body), frame))
+        routes = await self._deliveries.submit(_Outgoing(msg, frame))
         self.metrics.sends.labels("stored").inc()
         return SendResult(mid, mid_time_ms(mid), frame, *routes)
 

@@ -139,7 +139,6 @@ class Sessions:
             err.re = rid
             await self._error(client, err)
         except (Unavailable, TimeoutError) as exc:
-            self.node.metrics.sends.labels("unavailable").inc()
             log.warning("unavailable for %s: %s", client.user, exc)
             await self._error(client, ProtocolError(
                 "unavailable", "a dependency is down; nothing was stored, retry", rid))

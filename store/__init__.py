@@ -43,12 +43,6 @@ class Stores:
         return cls(redis, mongo, keys, InboxStore(redis, keys, limits),
                    MessageStore(mongo, namespace))
 
-    async def check(self) -> None:
-        """Raise ``Unavailable`` naming the first dependency that does not answer."""
-        await self.inbox.ping()
-        await self.messages.ping()
-        await self.messages.ensure_indexes()
-
     async def close(self) -> None:
         await self.redis.aclose()
         await self.mongo.close()
