@@ -48,6 +48,17 @@ class Settings:
     mongo_linger_ms: float = 2.0  # wait this long for a Mongo write batch to fill
     mongo_inflight: int = 1  # Mongo write batches in flight at once
     pending_max: int = 20_000  # sends queued in a node before new ones get unavailable
+    room_window_ms: float = 25.0  # a room's messages are coalesced over this window
+    room_rate_cap: float = 50.0  # room messages/s delivered to each member; 0: no cap
+    room_buffer_max: int = 262_144  # bytes queued on a socket before room frames skip it
+    room_pending_max: int = 10_000  # room messages queued per window before drops
+    room_send_rate: float = 10.0  # room_send per second per user on a node
+    room_send_burst: int = 20
+    room_max_per_conn: int = 16  # rooms one connection may be in
+    room_unbind_delay_s: float = 30.0  # an empty room keeps its broker binding this long
+    room_report_s: float = 1.0  # counts not written at join/leave are retried this often
+    room_refresh_s: float = 15.0  # every local room count is rewritten this often
+    stuck_close_s: float = 30.0  # a socket skipped for backlog this long is closed
     heartbeat_s: float = 2.0
     heartbeat_ttl_s: float = 6.0
     drain_timeout_s: float = 10.0
@@ -75,9 +86,14 @@ class Settings:
             raise ConfigError("IM_BROKER must be rabbitmq or memory")
         if len(self.auth_secret.encode()) < 32:
             raise ConfigError("IM_AUTH_SECRET must be at least 32 bytes (RFC 7518 3.2 for HS256)")
-        for name in ("max_body", "max_frame", "offline_max", "batch_max", "pending_max"):
+        for name in ("max_body", "max_frame", "offline_max", "batch_max", "pending_max",
+                     "room_window_ms", "room_buffer_max", "room_pending_max",
+                     "room_max_per_conn", "room_report_s", "room_refresh_s", "stuck_close_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
+        for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"IM_{name.upper()} must not be negative")
 
 
 def _convert(name: str, raw: str, kind: type) -> object:

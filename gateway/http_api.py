@@ -1,4 +1,4 @@
-"""The HTTP API (FastAPI): offline sync, conversations, history, health, metrics.
+"""The HTTP API (FastAPI): offline sync, conversations, history, rooms, health, metrics.
 
 Every error answers ``{"error": {"code", "message"}}`` with the status of its
 code; a validation failure is a 400, a dependency that is down a 503, and
@@ -112,6 +112,12 @@ def build_app(node: Node) -> FastAPI:
                       limit: Limit = 50) -> JSON:
         msgs, nxt = await chat.history(user, check_id(conv, "conv"), before, limit)
         return JSON({"msgs": msgs, "next": nxt})
+
+    @app.get("/v1/rooms/{room}")
+    async def room(_: User, room: ConvId) -> JSON:
+        """Members of a live room across all live nodes."""
+        room = check_id(room, "room")
+        return JSON({"room": room, "online": await node.live.online(room)})
 
     return app
 

@@ -2,12 +2,15 @@
 
 Writes never await: a frame is handed to the socket's transport if its
 write buffer is under the bound, and skipped (counted) otherwise. A chat
-message skipped here is still in the receiver's offline store.
+message skipped here is still in the receiver's offline store. A client
+skipped for backlog is noted in ``Hub.stuck``; one that stays stuck past a
+time bound is closed by the node (it recovers through sync).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +35,8 @@ class Client:
     id: int = field(default_factory=lambda: next(_ids))
     bad_frames: int = 0
     tasks: set[Any] = field(default_factory=set)
+    rooms: set[str] | None = None  # joined rooms; None until the first join (memory)
+    stuck_since: float = 0.0  # monotonic time of the first skipped write; 0: not stuck
 
     def write(self, frame: bytes, limit: int) -> bool:
         """Queue ``frame`` on the socket unless it is closed or backed up."""
@@ -52,6 +57,7 @@ class Hub:
         self.metrics = metrics
         self.write_buffer_max = write_buffer_max
         self.users: dict[str, dict[int, Client]] = {}
+        self.stuck: dict[int, Client] = {}  # clients whose writes are being skipped
         self.count = 0
 
     def add(self, client: Client) -> None:
@@ -65,6 +71,7 @@ class Hub:
             return
         if not devices:
             del self.users[client.user]
+        self.stuck.pop(client.id, None)
         self.count -= 1
         self.metrics.connections.set(self.count)
 
@@ -81,7 +88,23 @@ class Hub:
                 continue
             if client.write(frame, self.write_buffer_max):
                 written += 1
+                if client.stuck_since:
+                    self.unstuck(client)
             else:
                 self.metrics.push_skipped.inc()
+                self.mark_stuck(client, time.monotonic())
         self.metrics.pushes.inc(written)
         return written
+
+    def mark_stuck(self, client: Client, now: float) -> None:
+        if not client.stuck_since:
+            client.stuck_since = now
+            self.stuck[client.id] = client
+
+    def unstuck(self, client: Client) -> None:
+        client.stuck_since = 0.0
+        self.stuck.pop(client.id, None)
+
+    def stuck_longer_than(self, seconds: float, now: float) -> list[Client]:
+        """Clients whose writes have been skipped for over ``seconds``."""
+        return [c for c in self.stuck.values() if now - c.stuck_since > seconds]

@@ -45,8 +45,41 @@ class NodeMetrics:
                               ["reason"], registry=r)
         self.replays = Counter("im_broker_replays_total",
                                "Replays of offline entries after a broker outage", registry=r)
+        self._rooms(r)
         self.http_requests = Counter("im_http_requests_total", "HTTP API calls",
                                      ["route", "status"], registry=r)
+
+    def _rooms(self, r: CollectorRegistry) -> None:
+        self.rooms = Gauge("im_rooms", "Rooms with local members", registry=r)
+        self.room_members = Gauge("im_room_members", "Local room memberships", registry=r)
+        self.room_sends = Counter("im_room_sends_total", "room_send frames by outcome",
+                                  ["outcome"], registry=r)
+        self.room_msgs_in = Counter("im_room_msgs_in_total",
+                                    "Room messages queued for local members", registry=r)
+        self.room_dropped = Counter(
+            "im_room_msgs_dropped_total", "Room messages not delivered to this node's members: "
+            "cap (sampled out by the per-room delivery cap), overflow (queue bound), no_members",
+            ["reason"], registry=r)
+        self.room_frames = Counter("im_room_frames_total", "room_msgs frames built", registry=r)
+        self.room_writes = Counter("im_room_writes_total", "room_msgs frames written to sockets",
+                                   registry=r)
+        self.room_delivered = Counter("im_room_deliveries_total",
+                                      "Room messages written to sockets (message x member)",
+                                      registry=r)
+        self.room_skipped = Counter(
+            "im_room_writes_skipped_total",
+            "room_msgs writes skipped: the member's socket write buffer is over its bound",
+            registry=r)
+        self.room_flush_seconds = Histogram(
+            "im_room_flush_seconds", "CPU time of one room flush (cap, encode, write to all)",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
+            registry=r)
+        self.room_bind_ops = Counter("im_room_bind_ops_total",
+                                     "Room bindings made and removed on the broker", ["op"],
+                                     registry=r)
+        self.room_bind_ops_minute = Gauge(
+            "im_room_bind_ops_last_minute", "Room binds plus unbinds in the last 60 seconds",
+            registry=r)
 
     def stage_observer(self, stage: str) -> Callable[[int, float, float], None]:
         """A ``Batcher`` observer feeding this stage's histograms."""

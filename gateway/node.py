@@ -21,8 +21,10 @@ from gateway.chat import ChatService
 from gateway.config import Settings
 from gateway.http_api import build_app
 from gateway.hub import Client, Hub
+from gateway.live import LiveRooms
 from gateway.metrics import NodeMetrics
 from gateway.protocol import encode
+from gateway.rooms import RoomHub, RoomLimits
 from gateway.session import Sessions
 from router import Router, make_broker
 from store import Stores
@@ -57,6 +59,10 @@ class Node:
         self.settings = settings
         self.metrics = NodeMetrics()
         self.hub = Hub(self.metrics, settings.write_buffer_max)
+        self.room_hub = RoomHub(self.hub, self.metrics, RoomLimits(
+            window_s=settings.room_window_ms / 1000, rate_cap=settings.room_rate_cap,
+            frame_max=settings.max_frame, buffer_max=settings.room_buffer_max,
+            pending_max=settings.room_pending_max))
         self.draining = False
         self.name = ""
         self.ws_port = 0
@@ -86,7 +92,7 @@ class Node:
             self._flush_route_ops, name="redis", max_batch=s.batch_max,
             max_pending=s.pending_max)
         broker = make_broker(s.broker, s.amqp_url, s.namespace)
-        self.router = Router(self.name, self.hub, broker, self.routes)
+        self.router = Router(self.name, self.hub, broker, self.routes, rooms=self.room_hub)
         self.router.on_resume = self._broker_resumed
         try:
             await self.router.start()
@@ -94,9 +100,12 @@ class Node:
             raise StartupError(f"cannot reach RabbitMQ at {_safe_url(s.amqp_url)}") from None
         self.router.set_live(await self.routes.heartbeat(self.name, s.heartbeat_ttl_s))
         self.chat = ChatService(self.stores, MidGenerator(number), s, self.metrics)
+        self.live = LiveRooms(self.name, s, self.metrics, self.room_hub, self.router,
+                              self.stores.rooms)
         self.sessions = Sessions(self)
         await self._listen()
         self._tasks.append(asyncio.create_task(self._heartbeat()))
+        self._tasks.append(asyncio.create_task(self._room_ticks()))
         log.info("node %s serving ws=%s:%d http=%s:%d namespace=%s", self.name, s.host,
                  self.ws_port, s.host, self.http_port, s.namespace)
 
@@ -149,6 +158,14 @@ class Node:
             except Unavailable as exc:
                 log.warning("heartbeat failed: %s", exc)
 
+    async def _room_ticks(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.room_report_s)
+            try:
+                await self.live.tick()
+            except Exception:  # keep ticking: a failed tick is retried by the next
+                log.exception("room housekeeping failed")
+
     async def beat(self) -> None:
         """Renew the lease and this node's liveness; learn which nodes live.
 
@@ -160,6 +177,7 @@ class Node:
         if retaken:
             log.warning("lease was gone from Redis: rewriting %d routes", self.hub.count)
             await self.routes.add([(c.user, self.name, c.id) for c in self.hub.clients()])
+            self.live.rewrite_counts()
 
     def _broker_resumed(self, lost_at: float) -> None:
         """Pushes may have been lost while the broker was away: replay them from
@@ -208,6 +226,7 @@ class Node:
         with contextlib.suppress(Unavailable):
             await self.routes.remove([(c.user, self.name, c.id) for c in clients])
             await self.routes.leave(self.name)
+        await self.live.close()
         for c in clients:
             c.write(frame, limit=1 << 30)
         pending = [t for c in clients for t in c.tasks]
@@ -231,6 +250,7 @@ class Node:
             if self._http_task is not None:
                 await asyncio.gather(self._http_task, return_exceptions=True)
         await self._route_ops.close()
+        await self.live.close()
         with contextlib.suppress(Unavailable):
             await self.lease.release()
         await self.router.close()
@@ -248,6 +268,7 @@ class Node:
 
     async def client_disconnected(self, client: Client) -> None:
         self.hub.remove(client)
+        self.live.disconnected(client)
         with contextlib.suppress(Unavailable):
             await self._route_ops.submit((False, client.user, client.id))
 

@@ -34,8 +34,8 @@ __all__ = ["Sessions"]
 log = logging.getLogger("gateway.session")
 T = TypeVar("T")
 # Contract ops a later release serves: parsed and validated, then refused clearly.
-_NOT_YET: dict[type, str] = {p.GroupSend: "group_send", p.Join: "join", p.Leave: "leave",
-                             p.RoomSend: "room_send"}
+_NOT_YET: dict[type, str] = {p.GroupSend: "group_send"}
+_REPLY_LIMIT = 1 << 30  # replies are never skipped for backlog (pushes are)
 
 
 class Sessions:
@@ -89,6 +89,12 @@ class Sessions:
             await self._spawn(client, self._read(client, frame))
         elif isinstance(frame, p.RecvAck):
             await self._spawn(client, self._recv_ack(client, frame))
+        elif isinstance(frame, p.RoomSend):
+            self._room_send(client, frame)
+        elif isinstance(frame, p.Join):
+            await self._spawn(client, self._join(client, frame))
+        elif isinstance(frame, p.Leave):
+            await self._spawn(client, self._leave(client, frame))
         else:
             op = _NOT_YET.get(type(frame), type(frame).__name__)
             await self._error(client, ProtocolError(
@@ -125,6 +131,39 @@ class Sessions:
 
     async def _recv_ack(self, client: Client, f: p.RecvAck) -> None:
         await self._guarded(client, f.id, lambda: self.node.chat.recv_ack(client.user, f.mids))
+
+    async def _join(self, client: Client, f: p.Join) -> None:
+        online = await self._guarded(client, f.id, lambda: self.node.live.join(client, f.room))
+        if online is not None:
+            await self._reply(client, {"op": "joined", "re": f.id, "room": f.room,
+                                       "online": online})
+
+    async def _leave(self, client: Client, f: p.Leave) -> None:
+        await self.node.live.leave(client, f.room)
+        await self._reply(client, {"op": "left", "re": f.id, "room": f.room})
+
+    def _room_send(self, client: Client, f: p.RoomSend) -> None:
+        """No task per message: the reply is written when the broker confirms."""
+        try:
+            confirmed = self.node.live.send(client, f.room, f.body, f.prio)
+        except ProtocolError as err:
+            err.re = f.id
+            self.node.metrics.errors.labels(err.code).inc()
+            client.write(p.error_frame(err), _REPLY_LIMIT)
+            return
+        ok = p.encode({"op": "ok", "re": f.id}) if f.id is not None else b'{"op":"ok"}'
+
+        def reply(fut: asyncio.Future[None]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                self.node.metrics.room_sends.labels("unavailable").inc()
+                self.node.metrics.errors.labels("unavailable").inc()
+                client.write(p.error_frame(ProtocolError(
+                    "unavailable", "the broker did not take the message; other nodes' members "
+                    "may not get it", f.id)), _REPLY_LIMIT)
+            else:
+                client.write(ok, _REPLY_LIMIT)
+
+        confirmed.add_done_callback(reply)
 
     async def _guarded(self, client: Client, rid: object,
                        call: Callable[[], Awaitable[T]]) -> T | None:

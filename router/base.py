@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-__all__ = ["Broker", "LocalDelivery", "RoutePurger"]
+__all__ = ["Broker", "LocalDelivery", "RoomDelivery", "RoutePurger"]
 
 
 class LocalDelivery(Protocol):
@@ -19,6 +19,17 @@ class LocalDelivery(Protocol):
         ...
 
 
+class RoomDelivery(Protocol):
+    """The node's room maps, as the router sees them."""
+
+    def deliver_room(self, room: str, fragment: bytes, prio: int) -> None:
+        """Queue one encoded room message for this node's members of ``room``.
+
+        Never awaits; a room without local members drops it (counted).
+        """
+        ...
+
+
 class Broker(Protocol):
     """Carries envelopes between nodes. Implementations: ``broker_*.py``."""
 
@@ -28,6 +39,16 @@ class Broker(Protocol):
     async def publish(self, node: str, envelope: bytes) -> None:
         """Raise ``BrokerUnavailable`` if the broker did not take it."""
         ...
+
+    async def publish_room(self, room: str, envelope: bytes) -> None:
+        """To every other node bound to ``room`` (never back to this one)."""
+        ...
+
+    async def bind_room(self, room: str) -> None:
+        """Receive ``room``'s envelopes from now on (kept across reconnects)."""
+        ...
+
+    async def unbind_room(self, room: str) -> None: ...
 
     async def close(self) -> None: ...
 

@@ -1,4 +1,4 @@
-"""In-process broker: single-node mode, and nodes sharing one process."""
+"""In-process broker: a single node without RabbitMQ (``IM_BROKER=memory``)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,19 @@ __all__ = ["MemoryBroker"]
 
 
 class MemoryBroker:
-    """Delivers an envelope to nodes started in the same process (same instance)."""
+    """One node's broker that talks only to itself: pushes to its own name
+    arrive, room envelopes (never sent back to their origin) go nowhere."""
 
     def __init__(self) -> None:
         self._nodes: dict[str, Callable[[bytes], None]] = {}
+        self._rooms: dict[str, set[str]] = {}  # room -> bound nodes
+        self.node = ""
+        self.binds = 0
+        self.unbinds = 0
 
     async def start(self, node: str, on_envelope: Callable[[bytes], None],
                     on_resume: Callable[[float], None] | None = None) -> None:
+        self.node = node
         self._nodes[node] = on_envelope
 
     async def publish(self, node: str, envelope: bytes) -> None:
@@ -22,5 +28,25 @@ class MemoryBroker:
         if handler is not None:
             handler(envelope)
 
+    async def publish_room(self, room: str, envelope: bytes) -> None:
+        for node in self._rooms.get(room, ()):
+            handler = self._nodes.get(node)
+            if node != self.node and handler is not None:
+                handler(envelope)
+
+    async def bind_room(self, room: str) -> None:
+        self._rooms.setdefault(room, set()).add(self.node)
+        self.binds += 1
+
+    async def unbind_room(self, room: str) -> None:
+        nodes = self._rooms.get(room)
+        if nodes is not None:
+            nodes.discard(self.node)
+            if not nodes:
+                del self._rooms[room]
+        self.unbinds += 1
+
     async def close(self) -> None:
-        self._nodes.clear()
+        self._nodes.pop(self.node, None)
+        for room in [r for r, nodes in self._rooms.items() if self.node in nodes]:
+            await self.unbind_room(room)

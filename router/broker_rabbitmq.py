@@ -48,6 +48,7 @@ class RabbitMQBroker:
         self.reconnects = 0
         self.binds = 0
         self.unbinds = 0
+        self.echoes = 0  # own room envelopes handed back by the exchange, dropped
         self._bindings: set[tuple[str, str]] = set()  # (exchange kind, routing key)
         self._on_envelope: Callable[[bytes], None] = lambda _: None
         self._on_resume: Callable[[float], None] = lambda _lost_at: None
@@ -138,6 +139,9 @@ class RabbitMQBroker:
 
     # -- traffic -------------------------------------------------------------
     async def _deliver(self, message: AbstractIncomingMessage) -> None:
+        if message.app_id == self.node:  # a room envelope of our own: members got it locally
+            self.echoes += 1
+            return
         self._on_envelope(message.body)
 
     async def publish(self, node: str, envelope: bytes) -> None:
@@ -149,7 +153,8 @@ class RabbitMQBroker:
     async def _publish(self, kind: str, key: str, envelope: bytes) -> None:
         if not self.connected.is_set():
             raise BrokerUnavailable("not connected to RabbitMQ")
-        message = aio_pika.Message(envelope, delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT)
+        message = aio_pika.Message(envelope, app_id=self.node,
+                                   delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT)
         try:
             await self._exchanges[kind].publish(message, routing_key=key, timeout=5)
         except (TimeoutError, AMQPError, OSError, RuntimeError) as exc:

@@ -20,12 +20,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from router import envelope
-from router.base import Broker, LocalDelivery, RoutePurger
+from router.base import Broker, LocalDelivery, RoomDelivery, RoutePurger
 from router.errors import BrokerUnavailable
 
 __all__ = ["Router"]
 
 log = logging.getLogger("router")
+# An outbox item: (exchange kind "node" or "room", routing key, envelope,
+# future to settle with the confirm, or None when nobody waits on it).
+_Item = tuple[str, str, bytes, "asyncio.Future[None] | None"]
 
 
 class Router:
@@ -33,10 +36,12 @@ class Router:
 
     def __init__(
         self, node: str, local: LocalDelivery, broker: Broker, routes: RoutePurger,
-        *, outbox_max: int = 10_000, publish_batch: int = 64,
+        *, rooms: RoomDelivery | None = None, outbox_max: int = 10_000,
+        publish_batch: int = 64,
     ) -> None:
         self.node = node
         self.local = local
+        self.rooms = rooms
         self.broker = broker
         self.routes = routes
         self.publish_batch = publish_batch
@@ -44,9 +49,11 @@ class Router:
         self.on_resume: Callable[[float], None] = lambda _since: None
         self.stats: dict[str, int] = defaultdict(int)
         self._records: dict[str, list[envelope.Record]] = defaultdict(list)
+        self._room_records: dict[str, list[envelope.Record]] = {}
+        self._room_waiters: dict[str, asyncio.Future[None]] = {}
         self._flush_scheduled = False
-        self._outq: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=outbox_max)
-        self._failed: deque[tuple[str, bytes]] = deque(maxlen=outbox_max)
+        self._outq: asyncio.Queue[_Item] = asyncio.Queue(maxsize=outbox_max)
+        self._failed: deque[_Item] = deque(maxlen=outbox_max)
         self._publisher: asyncio.Task[None] | None = None
         self._dead_routes: dict[str, set[str]] = {}
         self._purger: asyncio.Task[None] | None = None
@@ -96,38 +103,79 @@ class Router:
                 dead.append(field)
         for node in nodes:
             self._records[node].append(({"u": [user]}, frame))
-        if nodes and not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        if nodes:
+            self._schedule_flush()
         if dead:
             self._purge(user, dead)
+
+    def publish_room(self, room: str, fragment: bytes, prio: int) -> asyncio.Future[None]:
+        """Queue one room message for every other node serving ``room``.
+
+        Never awaits. The returned future settles when the broker confirmed
+        the envelope carrying it (a room's messages of one loop tick share
+        one envelope), or fails with ``BrokerUnavailable``. The caller
+        delivers to its own local members itself.
+        """
+        waiter = self._room_waiters.get(room)
+        if waiter is None:
+            waiter = self._room_waiters[room] = asyncio.get_running_loop().create_future()
+            self._room_records[room] = []
+        self._room_records[room].append(({"r": room, "p": 1} if prio else {"r": room}, fragment))
+        self._schedule_flush()
+        return waiter
+
+    async def bind_room(self, room: str) -> None:
+        """Start receiving ``room``'s traffic from other nodes."""
+        await self.broker.bind_room(room)
+
+    async def unbind_room(self, room: str) -> None:
+        await self.broker.unbind_room(room)
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         records, self._records = self._records, defaultdict(list)
         for node, recs in records.items():
-            try:
-                self._outq.put_nowait((node, envelope.encode(recs)))
-            except asyncio.QueueFull:
-                self.stats["dropped_outbox_full"] += len(recs)
+            self._enqueue(("node", node, envelope.encode(recs), None), len(recs))
+        rooms, self._room_records = self._room_records, {}
+        waiters, self._room_waiters = self._room_waiters, {}
+        for room, recs in rooms.items():
+            self._enqueue(("room", room, envelope.encode(recs), waiters[room]), len(recs))
+
+    def _enqueue(self, item: _Item, records: int) -> None:
+        try:
+            self._outq.put_nowait(item)
+        except asyncio.QueueFull:
+            self.stats["dropped_outbox_full"] += records
+            _settle(item[3], BrokerUnavailable("the outbox to the broker is full"))
 
     async def _publish_loop(self) -> None:
         while True:
             batch = [await self._outq.get()]
             while len(batch) < self.publish_batch and not self._outq.empty():
                 batch.append(self._outq.get_nowait())
-            results = await asyncio.gather(
-                *(self.broker.publish(node, env) for node, env in batch), return_exceptions=True
-            )
+            results = await asyncio.gather(*(
+                self.broker.publish_room(key, env) if kind == "room"
+                else self.broker.publish(key, env)
+                for kind, key, env, _ in batch
+            ), return_exceptions=True)
             for item, result in zip(batch, results, strict=True):
-                if isinstance(result, BrokerUnavailable):
-                    self.stats["publish_failed"] += 1
-                    self._failed.append(item)
-                elif isinstance(result, BaseException):
-                    log.error("publish error", exc_info=result)
-                    self.stats["publish_failed"] += 1
-                else:
+                if result is None:
                     self.stats["envelopes_out"] += 1
+                    _settle(item[3], None)
+                    continue
+                self.stats["publish_failed"] += 1
+                if not isinstance(result, BrokerUnavailable):
+                    log.error("publish error", exc_info=result)
+                    result = BrokerUnavailable("publish failed")
+                if item[3] is None:  # a push: resent on resume
+                    self._failed.append(item)
+                # A room message: its sender hears `unavailable`; live traffic is not resent.
+                _settle(item[3], result)
 
     def _purge(self, user: str, fields: list[str]) -> None:
         """Queue dead routes for deletion; one task deletes them in batches.
@@ -157,6 +205,12 @@ class Router:
         self.stats["envelopes_in"] += 1
         try:
             for head, frame in envelope.decode(data):
+                room = head.get("r")
+                if room is not None:
+                    self.stats["room_msgs_in"] += 1
+                    if self.rooms is not None:
+                        self.rooms.deliver_room(room, frame, 1 if head.get("p") else 0)
+                    continue
                 for user in head.get("u", ()):
                     self.stats["remote_writes"] += self.local.deliver_to_user(user, frame, None)
         except envelope.EnvelopeError:
@@ -167,13 +221,22 @@ class Router:
         """The broker link is back: resend what failed, let the node replay the gap."""
         now = time.time()
         failed, self._failed = list(self._failed), deque(maxlen=self._failed.maxlen)
-        for node, env in failed:
-            if self.is_alive(node, now):
+        for item in failed:
+            if self.is_alive(item[1], now):
                 with contextlib.suppress(asyncio.QueueFull):
-                    self._outq.put_nowait((node, env))
+                    self._outq.put_nowait(item)
         self.on_resume(lost_at)
 
     def snapshot(self) -> dict[str, Any]:
         now = time.time()
         live = sorted(n for n, expiry in self.live.items() if expiry > now)
         return {"node": self.node, "live_nodes": live, **self.stats}
+
+
+def _settle(waiter: asyncio.Future[None] | None, error: BaseException | None) -> None:
+    if waiter is None or waiter.done():
+        return
+    if error is None:
+        waiter.set_result(None)
+    else:
+        waiter.set_exception(error)

@@ -1,4 +1,5 @@
-"""State: Redis (offline store, unread, dedup, routes) and MongoDB (messages, boxes).
+"""State: Redis (offline store, unread, dedup, routes, room counts) and MongoDB
+(messages, boxes).
 
 ``Stores.connect`` opens both and checks they answer; everything else in the
 product reaches Redis and MongoDB through the classes here.
@@ -18,6 +19,7 @@ from store.keys import Keys
 from store.messages import MessageStore
 from store.mongo_client import connect_mongo
 from store.redis_client import connect_redis
+from store.rooms import RoomCounts
 
 __all__ = ["Stores", "Unavailable"]
 
@@ -31,6 +33,7 @@ class Stores:
     keys: Keys
     inbox: InboxStore
     messages: MessageStore
+    rooms: RoomCounts
 
     @classmethod
     def open(
@@ -41,7 +44,7 @@ class Stores:
         mongo = connect_mongo(mongo_url, timeout_s, mongo_w)
         keys = Keys(namespace)
         return cls(redis, mongo, keys, InboxStore(redis, keys, limits),
-                   MessageStore(mongo, namespace))
+                   MessageStore(mongo, namespace), RoomCounts(redis, keys))
 
     async def close(self) -> None:
         await self.redis.aclose()

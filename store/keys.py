@@ -50,6 +50,11 @@ class Keys:
         """Hash: connection id -> node id, for every connected device."""
         return f"{self.ns}:rt:{{{user}}}"
 
+    # -- per room (hash tag = room id) ----------------------------------------
+    def room_online(self, room: str) -> str:
+        """Hash: node name -> that node's local member count of ``room``."""
+        return f"{self.ns}:ro:{{{room}}}"
+
     # -- nodes ---------------------------------------------------------------
     def node_lease(self, node_num: int) -> str:
         return f"{self.ns}:nodeid:{node_num}"

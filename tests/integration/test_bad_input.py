@@ -180,7 +180,6 @@ async def test_unknown_path_is_a_clean_404(node, http):
 
 
 @pytest.mark.parametrize("frame", [
-    '{"op":"join","id":1,"room":"r1"}',
     '{"op":"group_send","id":1,"group":"g","cmid":"c","body":1}',
 ])
 async def test_ops_of_later_releases_are_refused_by_name(node, connect, frame):

@@ -1,0 +1,204 @@
+"""Live rooms on one node: the ops (join, leave, room_send), broker bindings,
+online counts, and the once-a-second housekeeping.
+
+- Bindings: the node's broker queue is bound to a room when the room gets
+  its first local member; an emptied room keeps its binding for
+  ``room_unbind_delay_s`` so join/leave churn does not become broker churn.
+- Counts: each join or leave writes this node's count for the room and
+  reads the total across live nodes in the same round trip (batched with
+  every other join and leave in flight); nobody is told about joins.
+- ``room_send``: checked, encoded once, queued for local members at once and
+  published to the other nodes; the sender's ``ok`` waits for the broker's
+  confirm of the envelope carrying it (``unavailable`` otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import orjson
+
+from gateway.config import Settings
+from gateway.errors import ProtocolError
+from gateway.hub import Client
+from gateway.metrics import NodeMetrics
+from gateway.ratelimit import TokenBucket
+from gateway.rooms import RoomHub
+from router import Router
+from store.batcher import Batcher
+from store.errors import Unavailable
+from store.rooms import RoomCounts
+
+__all__ = ["LiveRooms"]
+
+log = logging.getLogger("gateway.live")
+
+
+class LiveRooms:
+    """Room ops and bookkeeping of one node."""
+
+    def __init__(self, node: str, settings: Settings, metrics: NodeMetrics, rooms: RoomHub,
+                 router: Router, counts: RoomCounts) -> None:
+        self.node = node
+        self.settings = settings
+        self.metrics = metrics
+        self.rooms = rooms
+        self.router = router
+        self.counts = counts
+        self._bound: set[str] = set()
+        self._binding: dict[str, asyncio.Future[None]] = {}
+        self._idle: dict[str, float] = {}  # emptied room -> monotonic time it emptied
+        self._dirty: set[str] = set()  # counts to write at the next tick
+        self._buckets: dict[str, TokenBucket] = {}  # user -> room_send bucket
+        self.bind_ops = 0  # binds + unbinds since start
+        # One sample a tick; the window spans a minute of ticks.
+        self._bind_totals: deque[int] = deque(maxlen=int(60 / settings.room_report_s) + 1)
+        self._last_refresh = time.monotonic()
+        self._report: Batcher[str, int] = Batcher(
+            self._flush_counts, name="room-counts", max_batch=settings.batch_max,
+            max_pending=settings.pending_max)
+
+    # -- ops -----------------------------------------------------------------
+    async def join(self, client: Client, room: str) -> int:
+        """Join; return the room's online count across nodes."""
+        joined = client.rooms or ()
+        if room not in joined and len(joined) >= self.settings.room_max_per_conn:
+            raise ProtocolError("forbidden", f"a connection may be in at most "
+                                f"{self.settings.room_max_per_conn} rooms")
+        self.rooms.join(client, room)
+        self._idle.pop(room, None)
+        if room not in self._bound:
+            await self._bind(room)
+        try:
+            return await self._report.submit(room)
+        except Unavailable:
+            self._left(client, room)  # refused: not counted, so not a member either
+            raise
+
+    async def leave(self, client: Client, room: str) -> None:
+        if self._left(client, room):
+            try:
+                await self._report.submit(room)
+            except Unavailable:
+                self._dirty.add(room)  # written at the next tick once Redis is back
+
+    def disconnected(self, client: Client) -> None:
+        """A connection closed: leave its rooms; counts are written at the next tick."""
+        if client.rooms:
+            left, emptied = self.rooms.leave_all(client)
+            now = time.monotonic()
+            for room in emptied:
+                self._idle[room] = now
+            self._dirty.update(left)
+        if client.user not in self.rooms.hub.users:
+            self._buckets.pop(client.user, None)
+
+    def send(self, client: Client, room: str, body: Any, prio: int) -> asyncio.Future[None]:
+        """Fan one message out; the future settles with the broker's confirm."""
+        if client.rooms is None or room not in client.rooms:
+            self.metrics.room_sends.labels("forbidden").inc()
+            raise ProtocolError("forbidden", "join the room before sending to it")
+        now = time.monotonic()
+        bucket = self._buckets.get(client.user)
+        if bucket is None:
+            s = self.settings
+            bucket = self._buckets[client.user] = TokenBucket(s.room_send_rate, s.room_send_burst,
+                                                              now)
+        if not bucket.take(now):
+            self.metrics.room_sends.labels("rate_limited").inc()
+            raise ProtocolError("rate_limited", "too many room messages; slow down")
+        fragment = orjson.dumps({"from": client.user, "body": body, "ts": int(time.time() * 1000)})
+        self.rooms.deliver_room(room, fragment, prio)
+        self.metrics.room_sends.labels("accepted").inc()
+        return self.router.publish_room(room, fragment, prio)
+
+    async def online(self, room: str) -> int:
+        """Members of ``room`` across live nodes (a fresh read)."""
+        return (await self.counts.totals([room]))[room]
+
+    # -- bindings ------------------------------------------------------------
+    async def _bind(self, room: str) -> None:
+        waiter = self._binding.get(room)
+        if waiter is not None:
+            await asyncio.shield(waiter)
+            return
+        waiter = self._binding[room] = asyncio.get_running_loop().create_future()
+        try:
+            await self.router.bind_room(room)  # kept by the broker across reconnects
+            self._bound.add(room)
+            self.bind_ops += 1
+            self.metrics.room_bind_ops.labels("bind").inc()
+        finally:
+            del self._binding[room]
+            waiter.set_result(None)
+
+    def _left(self, client: Client, room: str) -> bool:
+        """Leave locally; True if ``client`` was a member."""
+        if client.rooms is None or room not in client.rooms:
+            return False
+        if self.rooms.leave(client, room):
+            self._idle[room] = time.monotonic()
+        return True
+
+    # -- counts --------------------------------------------------------------
+    async def _flush_counts(self, rooms: list[str]) -> list[int]:
+        totals = await self.counts.report(self.node, {r: self.rooms.count(r) for r in rooms})
+        return [totals[r] for r in rooms]
+
+    # -- housekeeping (every room_report_s) ----------------------------------
+    async def tick(self) -> None:
+        now = time.monotonic()
+        s = self.settings
+        if now - self._last_refresh >= s.room_refresh_s:
+            self._last_refresh = now
+            self._dirty.update(self.rooms.members)  # renews every key's TTL
+        if self._dirty:
+            dirty, self._dirty = self._dirty, set()
+            try:
+                await self.counts.report(self.node, {r: self.rooms.count(r) for r in dirty})
+            except Unavailable as exc:
+                self._dirty |= dirty
+                log.warning("room counts not written: %s", exc)
+        await self._unbind_idle(now)
+        self._close_stuck(now)
+        self._bind_totals.append(self.bind_ops)
+        self.metrics.room_bind_ops_minute.set(self._bind_totals[-1] - self._bind_totals[0])
+
+    def rewrite_counts(self) -> None:
+        """Redis lost its data: write every local count again at the next tick."""
+        self._dirty.update(self.rooms.members)
+
+    async def _unbind_idle(self, now: float) -> None:
+        delay = self.settings.room_unbind_delay_s
+        due = [r for r, since in self._idle.items() if now - since >= delay]
+        for room in due:
+            del self._idle[room]
+            if room in self.rooms.members or room not in self._bound:
+                continue
+            self._bound.discard(room)
+            await self.router.unbind_room(room)
+            self.bind_ops += 1
+            self.metrics.room_bind_ops.labels("unbind").inc()
+
+    def _close_stuck(self, now: float) -> None:
+        for client in self.rooms.hub.stuck_longer_than(self.settings.stuck_close_s, now):
+            log.info("closing a stuck connection of %s (write buffer full for %.0fs)",
+                     client.user, now - client.stuck_since)
+            self.rooms.hub.unstuck(client)
+            self.metrics.closed.labels("stuck").inc()
+            client.ws.transport.abort()  # a close handshake would queue behind the backlog
+
+    async def close(self) -> None:
+        """Drain: this node's members leave every count at once."""
+        await self._report.close()
+        with contextlib.suppress(Unavailable):
+            await self.counts.forget_node(self.node, list(self.rooms.members))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"rooms": len(self.rooms.members), "memberships": self.rooms.memberships,
+                "bound": len(self._bound), "idle": len(self._idle)}
