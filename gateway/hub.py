@@ -34,7 +34,7 @@ class Client:
     bucket: TokenBucket
     id: int = field(default_factory=lambda: next(_ids))
     bad_frames: int = 0
-    tasks: set[Any] = field(default_factory=set)
+    tasks: set[Any] | None = None  # in-flight ops; None until the first (memory)
     rooms: set[str] | None = None  # joined rooms; None until the first join (memory)
     stuck_since: float = 0.0  # monotonic time of the first skipped write; 0: not stuck
 

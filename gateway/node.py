@@ -229,7 +229,7 @@ class Node:
         await self.live.close()
         for c in clients:
             c.write(frame, limit=1 << 30)
-        pending = [t for c in clients for t in c.tasks]
+        pending = [t for c in clients for t in c.tasks or ()]
         if pending:
             await asyncio.wait(pending)
         await asyncio.gather(*(c.ws.close(1001, "node draining") for c in clients),

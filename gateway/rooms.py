@@ -3,8 +3,11 @@
 ``members[room]`` maps connection id to client; joining and leaving are
 O(1) and a room with no local member leaves the map. A room message
 (already-encoded fragment, from a local sender or another node) is queued
-for its room; the first one of a window schedules that room's flush, so
-idle rooms and idle members cost nothing per message. A flush applies the
+for its room; the first one queued schedules that room's flush, so idle
+rooms and idle members cost nothing per message. Flushes of one room are at
+least a window apart: a message to a quiet room goes out in the next loop
+tick, a busy room's messages are gathered until a window after its last
+flush. A flush applies the
 room's delivery cap, builds the ``room_msgs`` frame(s) and their WebSocket
 wire bytes once, and writes the same bytes to every member's transport
 without awaiting. A member whose write buffer is over the bound misses the
@@ -50,6 +53,7 @@ class RoomHub:
         self.memberships = 0
         self._pending: dict[str, tuple[list[bytes], list[int]]] = {}
         self._caps: dict[str, DeliveryCap] = {}
+        self._last_flush: dict[str, float] = {}  # room -> loop time of its last flush
         self._rng = rng or random.Random()
         m = metrics
         self._m_in = m.room_msgs_in
@@ -91,6 +95,7 @@ class RoomHub:
         if emptied:
             del self.members[room]
             self._caps.pop(room, None)
+            self._last_flush.pop(room, None)
         self._gauges()
         return emptied
 
@@ -118,7 +123,12 @@ class RoomHub:
         pending = self._pending.get(room)
         if pending is None:
             pending = self._pending[room] = ([], [])
-            asyncio.get_running_loop().call_later(self.limits.window_s, self._flush, room)
+            loop = asyncio.get_running_loop()
+            wait = self._last_flush.get(room, -1e9) + self.limits.window_s - loop.time()
+            if wait > 0:
+                loop.call_later(wait, self._flush, room)
+            else:  # the next tick: what arrives in this one (an envelope) shares the frame
+                loop.call_soon(self._flush, room)
         elif len(pending[0]) >= self.limits.pending_max and not prio:
             self._m_overflow.inc()
             return
@@ -131,6 +141,7 @@ class RoomHub:
         if not members:
             self._m_nobody.inc(len(frags))
             return
+        self._last_flush[room] = asyncio.get_running_loop().time()
         started = time.perf_counter()
         now = time.monotonic()
         lim = self.limits

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
@@ -36,6 +37,7 @@ T = TypeVar("T")
 # Contract ops a later release serves: parsed and validated, then refused clearly.
 _NOT_YET: dict[type, str] = {p.GroupSend: "group_send"}
 _REPLY_LIMIT = 1 << 30  # replies are never skipped for backlog (pushes are)
+_HANDSHAKE_DONE = Request("/ws", Headers())
 
 
 class Sessions:
@@ -60,6 +62,9 @@ class Sessions:
 
     # -- connection ----------------------------------------------------------
     async def handle(self, ws: ServerConnection) -> None:
+        # The handshake's headers are never read again: ~1.6 KB per idle connection.
+        # (``request`` must stay set: websockets takes None for "handshake pending".)
+        ws.request, ws.response = _HANDSHAKE_DONE, None
         s = self.settings
         client = Client(ws.username, ws, TokenBucket(s.send_rate, s.send_burst, time.monotonic()))
         await self.node.client_connected(client)
@@ -101,11 +106,14 @@ class Sessions:
                 "bad_request", f"op {op!r} is not served by this node version", frame.id))
 
     async def _spawn(self, client: Client, work: Awaitable[None]) -> None:
-        while len(client.tasks) >= self.settings.max_inflight:
-            await asyncio.wait(client.tasks, return_when=asyncio.FIRST_COMPLETED)
+        tasks = client.tasks
+        if tasks is None:
+            tasks = client.tasks = set()
+        while len(tasks) >= self.settings.max_inflight:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         task = asyncio.ensure_future(work)
-        client.tasks.add(task)
-        task.add_done_callback(client.tasks.discard)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     # -- ops -----------------------------------------------------------------
     async def _send(self, client: Client, f: p.Send) -> None:
