@@ -1,0 +1,380 @@
+"""Idle connection memory: what one open, idle WebSocket costs a node, next to a
+bare ``websockets`` server measured the same way in the same run.
+
+Run from the repository root (it starts its own node on the local Redis,
+RabbitMQ and MongoDB-compatible server, and cleans up after itself)::
+
+    .venv/bin/python -m bench.conn_memory              # 15,000 connections
+    .venv/bin/python -m bench.conn_memory --quick      # 2,000
+
+For each server (our node, then the bare server of ``bench.idle_clients``):
+
+1. Start it as a subprocess, and ``--clients`` client processes
+   (``bench.idle_clients clients``), each holding its share of the
+   connections, so every process stays under the file-descriptor limit (the
+   soft RLIMIT_NOFILE is raised to the hard one first; children inherit it).
+2. Open ``--warmup`` connections (lazy imports, first-use allocations and
+   pool growth happen here), let the server's RSS settle (sampled every
+   0.5 s until 5 samples in a row lie within 256 KiB), and take that as the
+   baseline.
+3. Open the rest, ``--concurrency`` handshakes at a time over all clients,
+   each connection as its own user with its own token. Hold them
+   ``--hold`` s (the default spans one keepalive ping round, as both servers
+   ping every 20 s), let RSS settle again.
+4. Check they are really open: the clients' own count, a pinged sample
+   (``--ping-sample``) that must all pong, the server's open file
+   descriptors, and for the node its ``im_connections`` gauge.
+5. Bytes per connection = (RSS after - RSS at baseline) / connections opened
+   after the baseline. RSS is VmRSS from /proc/PID/status; RssAnon (the
+   heap) is reported too.
+
+Targets (issue): at most 16 KiB per idle connection on a node, and 15,000
+connections held by one node (the file-descriptor limit is 20,000 per
+process). Output: a markdown report on stdout, everything as JSON in
+``bench/out/conn-memory-<UTC timestamp>.json``, the servers' logs beside it.
+All traffic goes to 127.0.0.1; every wait is bounded; every subprocess is
+stopped in ``finally`` blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import resource
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from bench import cli, common
+from bench.idle_clients import PYTHON, SECRET_ENV, BareServer, raise_fd_limit
+from bench.report import fmt, header_lines, md_table
+
+TARGET_BYTES = 16 * 1024
+TARGET_CONNECTIONS = 15_000
+FD_MARGIN = 500  # descriptors a process needs besides its connections
+
+
+# -- /proc ---------------------------------------------------------------------------
+def proc_memory(pid: int) -> dict[str, int]:
+    """VmRSS, RssAnon, RssFile and VmHWM of ``pid`` in bytes."""
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def settled_memory(pid: int, timeout_s: float, window: int = 5,
+                         tolerance: int = 256 * 1024) -> dict[str, Any]:
+    """Sample every 0.5 s until ``window`` samples in a row lie within ``tolerance``."""
+    samples: list[dict[str, int]] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples.append(proc_memory(pid))
+        last = [s["VmRSS"] for s in samples[-window:]]
+        stable = len(last) == window and max(last) - min(last) <= tolerance
+        if stable or time.monotonic() > deadline:
+            return {**samples[-1], "stable": stable, "samples": len(samples)}
+        await asyncio.sleep(0.5)
+
+
+# -- client processes ------------------------------------------------------------------
+class ClientProc:
+    """One ``bench.idle_clients clients`` subprocess, driven line by line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, url: str, prefix: str, secret: str, concurrency: int) -> ClientProc:
+        proc = await asyncio.create_subprocess_exec(
+            PYTHON, "-m", "bench.idle_clients", "clients", "--url", url, "--prefix", prefix,
+            "--concurrency", str(concurrency), cwd=common.REPO,
+            env={**os.environ, SECRET_ENV: secret}, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE)
+        me = cls(proc)
+        await me._line(30)
+        return me
+
+    async def _line(self, timeout_s: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
+        if not line:
+            raise RuntimeError(f"client process {self.proc.pid} exited")
+        answer: dict[str, Any] = orjson.loads(line)
+        return answer
+
+    async def cmd(self, line: str, timeout_s: float = 600) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        await self.proc.stdin.drain()
+        return await self._line(timeout_s)
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(Exception):
+                await self.cmd("close", 30)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+
+
+def split(n: int, k: int) -> list[int]:
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+async def on_all(clients: list[ClientProc], lines: list[str]) -> list[dict[str, Any]]:
+    return list(await asyncio.gather(*(c.cmd(line) for c, line in zip(clients, lines,
+                                                                        strict=True))))
+
+
+# -- servers ---------------------------------------------------------------------------
+async def measure(kind: str, server: Any, args: argparse.Namespace,
+                  secret: str) -> dict[str, Any]:
+    """Steps 1-5 of the module docstring against one started server."""
+    k = args.clients
+    per_client_conc = max(1, -(-args.concurrency // k))
+    prefix = f"cm{secrets.token_hex(4)}"
+    clients: list[ClientProc] = []
+    try:
+        for i in range(k):
+            clients.append(await ClientProc.start(server.ws_url, f"{prefix}-{i}", secret,
+                                                  per_client_conc))
+        fds0 = fd_count(server.pid)
+        warm = await on_all(clients, [f"open {n}" for n in split(args.warmup, k)])
+        warm_open = sum(r["open"] for r in warm)
+        before = await settled_memory(server.pid, args.settle_timeout)
+        fds_before = fd_count(server.pid)
+        started = time.perf_counter()
+        rest = await on_all(clients, [f"open {n}" for n in split(args.connections - args.warmup,
+                                                                 k)])
+        open_s = time.perf_counter() - started
+        opened_after = sum(r["opened"] for r in rest)
+        await asyncio.sleep(max(0.0, args.hold - (time.perf_counter() - started)))
+        after = await settled_memory(server.pid, args.settle_timeout)
+        fds_after = fd_count(server.pid)
+        states = await on_all(clients, ["state"] * k)
+        pings = await on_all(clients, [f"ping {n}" for n in split(args.ping_sample, k)])
+        gauge = None
+        if kind == "node":
+            gauge = (await common.fetch_metrics(server.http_url)).get("im_connections")
+    finally:
+        await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+    held = sum(s["open"] for s in states)
+    sampled, ponged = sum(p["sampled"] for p in pings), sum(p["ponged"] for p in pings)
+    failed = sum(r["failed"] for r in warm + rest)
+    verified = (held == args.connections and ponged == sampled and failed == 0
+                and fds_after - fds0 >= args.connections
+                and (gauge is None or int(gauge) == args.connections))
+    delta = after["VmRSS"] - before["VmRSS"]
+    per_conn = delta / opened_after if opened_after else None
+    return {
+        "server": kind, "pid": server.pid, "ws_url": server.ws_url,
+        "connections": args.connections, "warmup_open": warm_open,
+        "opened_after_baseline": opened_after, "failed": failed,
+        "attempt_errors": _merge(r["attempt_errors"] for r in warm + rest),
+        "open_seconds": round(open_s, 2),
+        "open_per_s": round(opened_after / open_s, 1) if open_s else None,
+        "memory_before": before, "memory_after": after,
+        "fds": {"at_start": fds0, "before": fds_before, "after": fds_after},
+        "client_state": held, "ping": {"sampled": sampled, "ponged": ponged,
+                                       "p50_ms": [p["p50_ms"] for p in pings]},
+        "im_connections": gauge, "verified": verified,
+        "rss_delta_bytes": delta, "bytes_per_conn": round(per_conn) if per_conn else None,
+        "anon_bytes_per_conn": round((after["RssAnon"] - before["RssAnon"]) / opened_after)
+        if opened_after else None,
+    }
+
+
+def _merge(dicts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for key, n in d.items():
+            out[key] = out.get(key, 0) + n
+    return out
+
+
+# -- the run ---------------------------------------------------------------------------
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    secret = secrets.token_hex(32)
+    ns = common.new_namespace()
+    results: dict[str, Any] = {
+        "command": cli.command_line("bench.conn_memory", args.argv).strip(),
+        "machine": common.machine_facts(), "code": common.code_version(),
+        "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE), "namespace": ns,
+        "settings": {k: getattr(args, k) for k in ("connections", "warmup", "clients",
+                                                    "concurrency", "hold", "ping_sample")},
+        "servers": {}}
+    common.OUT_DIR.mkdir(parents=True, exist_ok=True)
+    try:
+        for kind in args.servers:
+            log = common.OUT_DIR / f"conn-memory-{args.stamp}-{kind}.log"
+            if kind == "node":
+                server: Any = common.NodeProcess(
+                    {**common.node_env(args, ns, secret), "IM_AMQP_URL": args.amqp_url}, log)
+            else:
+                server = BareServer(log)
+            try:
+                await server.start()
+                print(f"{kind}: pid {server.pid} at {server.ws_url}", file=sys.stderr)
+                res = await measure(kind, server, args, secret)
+            finally:
+                code = await server.stop()
+            res["exit_code"] = code
+            res["log"] = str(log)
+            if kind == "node":
+                res["log_findings"] = common.log_findings(log)
+            results["servers"][kind] = res
+            print(f"{kind}: {res['bytes_per_conn']} bytes/conn, verified={res['verified']}",
+                  file=sys.stderr)
+    finally:
+        if "node" in args.servers:
+            results["cleanup"] = await cleanup(args, ns)
+    results["verdict"] = verdict(results, args)
+    return results
+
+
+async def cleanup(args: argparse.Namespace, ns: str) -> dict[str, Any]:
+    done: dict[str, Any] = {}
+    for what, job in (("mongo", lambda: common.drop_databases(args.mongo_url, [ns])),
+                      ("redis_keys", lambda: common.delete_redis_keys(args.redis_url, ns)),
+                      ("exchanges", lambda: common.delete_exchanges(args.amqp_url, ns))):
+        try:
+            async with asyncio.timeout(60):
+                done[what] = await job()
+        except Exception as exc:  # noqa: BLE001 - reported; the results still matter
+            done[what] = f"failed: {exc!r}"
+    return done
+
+
+def verdict(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    node, bare = results["servers"].get("node"), results["servers"].get("bare")
+    out: dict[str, Any] = {}
+    if node and bare and node["bytes_per_conn"] and bare["bytes_per_conn"]:
+        out["ratio_node_to_bare"] = round(node["bytes_per_conn"] / bare["bytes_per_conn"], 2)
+    if node and node["bytes_per_conn"]:
+        out["memory_target_met"] = node["verified"] and node["bytes_per_conn"] <= TARGET_BYTES
+        before = node["memory_before"]["VmRSS"] - node["warmup_open"] * node["bytes_per_conn"]
+        out["projected_rss_mib_at_15000"] = round(
+            (before + TARGET_CONNECTIONS * node["bytes_per_conn"]) / 2**20, 1)
+        if args.connections >= TARGET_CONNECTIONS:
+            out["connections_target_met"] = node["verified"]
+        else:
+            out["connections_target_met"] = None  # not tried at this size
+    hard = results["fd_limit"][1]
+    out["fd_limit_allows_15000"] = hard >= TARGET_CONNECTIONS + FD_MARGIN
+    return out
+
+
+# -- report ----------------------------------------------------------------------------
+def report(res: dict[str, Any]) -> str:
+    lines = header_lines("Idle connection memory", res)
+    s = res["settings"]
+    lines += [f"- {s['connections']:,} connections per server from {s['clients']} client "
+              f"processes, {s['warmup']:,} of them before the baseline; held {s['hold']} s; "
+              f"fd limit (soft, hard) {res['fd_limit']}", ""]
+    rows = []
+    for r in res["servers"].values():
+        mb, ma = r["memory_before"], r["memory_after"]
+        check = (f"{r['client_state']:,} open, {r['ping']['ponged']}/{r['ping']['sampled']} "
+                 f"pong, fds +{r['fds']['after'] - r['fds']['at_start']:,}"
+                 + (f", im_connections {int(r['im_connections']):,}"
+                    if r["im_connections"] is not None else ""))
+        rows.append([r["server"], r["opened_after_baseline"], r["open_per_s"],
+                     "yes" if r["verified"] else "NO", check,
+                     mb["VmRSS"] / 2**20, ma["VmRSS"] / 2**20, r["bytes_per_conn"],
+                     (r["bytes_per_conn"] or 0) / 1024, r["anon_bytes_per_conn"],
+                     "yes" if mb["stable"] and ma["stable"] else "no"])
+    lines += md_table(["server", "conns after baseline", "opened/s", "verified", "checks",
+                       "RSS before (MiB)", "RSS after (MiB)", "bytes/conn", "KiB/conn",
+                       "anon bytes/conn", "RSS settled"], rows)
+    v = res["verdict"]
+    yes_no = {True: "met", False: "NOT met", None: "not tried at this size"}
+    if "ratio_node_to_bare" in v:
+        lines.append(f"- node / bare websockets: {v['ratio_node_to_bare']}x per connection")
+    if "memory_target_met" in v:
+        allows = "allows" if v["fd_limit_allows_15000"] else "does NOT allow"
+        lines.append(f"- target <= 16 KiB per idle connection on the node: "
+                     f"{yes_no[v['memory_target_met']]}")
+        lines.append(f"- target 15,000 connections on one node: "
+                     f"{yes_no[v['connections_target_met']]} (RSS projected at 15,000: "
+                     f"{fmt(v['projected_rss_mib_at_15000'])} MiB; hard fd limit "
+                     f"{res['fd_limit'][1]:,} {allows} it)")
+    node = res["servers"].get("node")
+    if node:
+        f = node["log_findings"]
+        lines.append(f"- node log: {f['warnings']} warnings, {f['errors']} errors, "
+                     f"{f['tracebacks']} tracebacks ({node['log']})")
+        lines += [f"  - {t['count']}x {t['line']}" for t in f["top"]]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.conn_memory", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--connections", type=int, default=TARGET_CONNECTIONS,
+                   help="idle connections per server, warm-up included (default 15000)")
+    p.add_argument("--quick", action="store_true", help="2,000 connections, 10 s hold")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="connections opened before the baseline (default 5%%, at least 100)")
+    p.add_argument("--clients", type=int, default=3, help="client processes (default 3)")
+    p.add_argument("--concurrency", type=int, default=200, help="handshakes at once, in all")
+    p.add_argument("--hold", type=float, default=25.0,
+                   help="seconds from the first connection after the baseline to the "
+                        "measurement (default 25: one keepalive ping round)")
+    p.add_argument("--settle-timeout", type=float, default=60.0)
+    p.add_argument("--ping-sample", type=int, default=300, help="connections pinged at the end")
+    p.add_argument("--servers", default="node,bare", help="which to measure, in order")
+    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--amqp-url", default=common.DEFAULT_AMQP_URL)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.connections = 2000
+        args.hold = min(args.hold, 10.0)
+    if args.warmup is None:
+        args.warmup = max(100, args.connections // 20)
+    args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    if not set(args.servers) <= {"node", "bare"} or not args.servers:
+        p.error("--servers takes node and/or bare")
+    if not 0 < args.warmup < args.connections or args.clients < 1 or args.concurrency < 1:
+        p.error("need 0 < --warmup < --connections, --clients >= 1, --concurrency >= 1")
+    for url in (args.mongo_url, args.redis_url, args.amqp_url):
+        if urlsplit(url).hostname not in cli.LOOPBACK:
+            p.error(f"{url}: only 127.0.0.1 is allowed")
+    limit = raise_fd_limit()
+    if args.connections + FD_MARGIN > limit:
+        p.error(f"{args.connections} connections need more than the fd limit {limit} "
+                "allows one server process")
+    if -(-args.connections // args.clients) + FD_MARGIN > limit:
+        p.error("too few --clients for the fd limit")
+    cli.note_invocation(args, argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    res = common.run_loop(run(args))
+    path = common.write_json(res, args.stamp, prefix="conn-memory")
+    print(report(res))
+    print(f"JSON: {path}")
+    return 0 if all(r["verified"] for r in res["servers"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The two baseline room servers of ``bench.room_bench``, one per process::
+
+    python -m bench.room_baselines ws            # bare websockets + broadcast()
+    python -m bench.room_baselines sio-aiohttp   # python-socketio on aiohttp
+    python -m bench.room_baselines sio-asgi      # python-socketio ASGI app on uvicorn
+
+Each listens on a free port of 127.0.0.1, prints ``READY <url>`` on stdout, and
+runs on uvloop until SIGTERM/SIGINT, EOF on stdin, or ``--max-seconds``.
+
+- ``ws``: ``websockets.asyncio.server.serve`` (compression=None) speaking the
+  subset of our node's protocol the benchmark uses. ``join`` adds the socket to
+  the room's set and replies ``joined``; ``room_send`` parses the frame, builds
+  one ``{"op":"room_msgs","room":..,"msgs":[{"from","body","ts"}]}`` frame (one
+  message: no coalescing), calls ``websockets.broadcast(members, frame,
+  text=True)`` and then replies ``{"op":"ok","re":id}`` to the publisher. The
+  publisher is a member too, as on our node.
+- ``sio-*``: ``socketio.AsyncServer`` with default settings (its own json module,
+  websocket transport allowed directly). Event ``join`` ->
+  ``await sio.enter_room(sid, room)`` and an ack; event ``room_send`` ->
+  ``await sio.emit('m', {"from","body","ts"}, room=room)`` and an ack (the
+  return value, sent as ``43<id>[true]``), so the publisher's closed loop is
+  the same as for the other servers: the ack comes once the server has handed
+  the message to every member (socket.io: queued for each member's writer task).
+  aiohttp: ``web.AppRunner`` + ``TCPSite``, access log off. ASGI: uvicorn
+  ``Server.serve`` with its default websocket implementation, per-message-deflate
+  off, access log off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+MODES = ("ws", "sio-aiohttp", "sio-asgi")
+
+
+def ready(url: str) -> None:
+    print(f"READY {url}", flush=True)
+
+
+# -- bare websockets ---------------------------------------------------------------------
+async def run_ws(stop: asyncio.Event) -> None:
+    from websockets.asyncio.server import ServerConnection, broadcast, serve
+    from websockets.exceptions import ConnectionClosed
+
+    rooms: dict[str, set[ServerConnection]] = defaultdict(set)
+
+    async def handler(ws: ServerConnection) -> None:
+        assert ws.request is not None
+        user = parse_qs(urlsplit(ws.request.path).query).get("user", ["?"])[0]
+        mine: set[str] = set()
+        try:
+            async for data in ws:
+                f = orjson.loads(data)
+                op, room = f.get("op"), f.get("room")
+                if op == "room_send":
+                    frame = orjson.dumps({"op": "room_msgs", "room": room, "msgs": [
+                        {"from": user, "body": f["body"], "ts": int(time.time() * 1000)}]})
+                    broadcast(rooms.get(room, ()), frame, text=True)
+                    await ws.send(orjson.dumps({"op": "ok", "re": f.get("id")}), text=True)
+                elif op == "join":
+                    rooms[room].add(ws)
+                    mine.add(room)
+                    await ws.send(orjson.dumps({"op": "joined", "re": f.get("id"), "room": room,
+                                                "online": len(rooms[room])}), text=True)
+                else:
+                    await ws.send(orjson.dumps({"op": "error", "re": f.get("id"),
+                                                "code": "bad_request"}), text=True)
+        except ConnectionClosed:
+            pass
+        finally:
+            for room in mine:
+                rooms[room].discard(ws)
+
+    async with serve(handler, "127.0.0.1", 0, compression=None, max_size=1 << 20) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        ready(f"ws://127.0.0.1:{port}/")
+        await stop.wait()
+
+
+# -- python-socketio -----------------------------------------------------------------------
+def make_sio(async_mode: str) -> Any:
+    import socketio
+
+    sio = socketio.AsyncServer(async_mode=async_mode, logger=False, engineio_logger=False)
+
+    @sio.event
+    async def join(sid: str, room: str) -> bool:
+        await sio.enter_room(sid, room)
+        return True
+
+    @sio.event
+    async def room_send(sid: str, data: dict[str, Any]) -> bool:
+        await sio.emit("m", {"from": sid, "body": data["body"], "ts": int(time.time() * 1000)},
+                       room=data["room"])
+        return True
+
+    return sio
+
+
+async def run_sio_aiohttp(stop: asyncio.Event) -> None:
+    from aiohttp import web
+
+    app = web.Application()
+    make_sio("aiohttp").attach(app)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        ready(f"ws://127.0.0.1:{port}/socket.io/")
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+async def run_sio_asgi(stop: asyncio.Event) -> None:
+    import socketio
+    import uvicorn
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(socketio.ASGIApp(make_sio("asgi")), lifespan="off",
+                            access_log=False, log_level="warning",
+                            ws_per_message_deflate=False)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("uvicorn stopped before it started")
+            await asyncio.sleep(0.05)
+        ready(f"ws://127.0.0.1:{sock.getsockname()[1]}/socket.io/")
+        await stop.wait()
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(task, 10)
+
+
+# -- main ---------------------------------------------------------------------------------
+async def serve_until_stopped(run: Callable[[asyncio.Event], Awaitable[None]],
+                              max_seconds: float) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def stdin_eof() -> None:  # the benchmark went away: stop too
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        while await reader.read(4096):
+            pass
+        stop.set()
+
+    watch = asyncio.create_task(stdin_eof())
+    loop.call_later(max_seconds, stop.set)
+    try:
+        await run(stop)
+    finally:
+        watch.cancel()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.room_baselines",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=MODES)
+    p.add_argument("--max-seconds", type=float, default=3600)
+    args = p.parse_args()
+    from bench.common import run_loop
+    from bench.room_client import raise_nofile
+
+    raise_nofile()
+    run = {"ws": run_ws, "sio-aiohttp": run_sio_aiohttp, "sio-asgi": run_sio_asgi}[args.mode]
+    run_loop(serve_until_stopped(run, args.max_seconds))
+
+
+if __name__ == "__main__":
+    main()

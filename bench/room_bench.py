@@ -1,0 +1,480 @@
+"""Room fan-out benchmark: N subscribers in one room, one publisher; our node
+against a bare ``websockets`` broadcast server and python-socketio, same client.
+
+    .venv/bin/python -m bench.room_bench            # 1000 subscribers per node, 10 s phases
+    .venv/bin/python -m bench.room_bench --quick    # 100 subscribers, 3 s phases
+
+It starts every server and client itself (our nodes use the local Redis, RabbitMQ
+and MongoDB-compatible server), uses 127.0.0.1 only, bounds every wait, and stops
+and cleans up everything. Phases, each on fresh servers and subscriber processes
+(``bench/room_client.py``; the publisher is this process): ``ours`` (one node),
+``ws`` and ``sio`` (``bench/room_baselines.py``), each **throughput** then
+**paced**; then ``ours-3``: three nodes, ``--subscribers`` on each, publisher on
+node 0, throughput.
+
+- Throughput: ``--window`` room sends kept un-acked (ours: ``ok`` after the
+  broker's confirm; ws: ``ok`` once ``broadcast()`` returned; sio: the event's ack
+  once ``emit`` to the room returned); ours with ``IM_ROOM_RATE_CAP=0``. Paced:
+  ``--rate`` sends/s; ours with its default cap (50/s per member) and window (25 ms).
+- Over the measured window: published/s, deliveries/s (messages received by all
+  subscribers, not the publisher), frames/s, latency (receive ``time.time()`` -
+  the publisher's, in the body) p50/p99/max, CPU per process (1.0 = one core);
+  after a drain, loss = acked sends x subscribers - received (whole phase).
+
+Output: markdown on stdout; JSON in ``bench/out/room-<UTC stamp>.json``, logs beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from bench import cli, common
+from bench import room_client as rc
+from bench.cluster import Run
+from bench.report import fmt, header_lines, md_table
+
+_VENV = common.REPO / ".venv" / "bin" / "python"
+PYTHON = str(_VENV) if _VENV.exists() else sys.executable
+TARGETS = {"vs_sio": 10.0, "vs_ws": 2.0, "paced_p99_ms": 100.0, "three_vs_one": 2.0}
+
+
+@dataclass
+class Server:
+    kind: str  # ours | ws | sio: the client protocol
+    label: str
+    urls: list[str] = field(default_factory=list)
+    pids: dict[int, str] = field(default_factory=dict)
+    nodes: list[common.NodeProcess] = field(default_factory=list)
+    proc: asyncio.subprocess.Process | None = None
+
+
+async def stop_proc(proc: asyncio.subprocess.Process, grace: float = 10) -> None:
+    """SIGTERM, SIGKILL after ``grace`` s."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
+class ClientProc:
+    """One ``bench.room_client`` process: JSON lines over its stdin / stdout."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc, self.sampled = proc, 0
+
+    async def ask(self, cmd: dict[str, Any] | None, timeout: float = 30) -> dict[str, Any]:
+        """Send ``cmd`` (unless None) and read the answer line."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if cmd is not None:
+            self.proc.stdin.write(orjson.dumps(cmd) + b"\n")
+            await self.proc.stdin.drain()
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            raise RuntimeError(f"subscriber process {self.proc.pid} exited")
+        return orjson.loads(line)
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(Exception):
+                await self.ask({"cmd": "quit"}, 5)
+        await stop_proc(self.proc)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.run = Run(args)  # namespaces, node exit codes and log findings, cleanup
+        self.logs: list[dict[str, Any]] = []  # of the baseline and client processes
+
+    def log_path(self, label: str) -> Path:
+        return common.OUT_DIR / f"room-{self.args.stamp}-{label}.log"
+
+    async def spawn(self, label: str, *argv: str, **env: str) -> asyncio.subprocess.Process:
+        """``python -m <argv>`` with pipes for stdin / stdout, stderr to its log."""
+        with open(self.log_path(label), "ab") as err:
+            return await asyncio.create_subprocess_exec(
+                PYTHON, "-m", *argv, "--max-seconds", str(int(self.args.max_child_s)),
+                cwd=common.REPO, env={**os.environ, **env}, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=err)
+
+    # -- servers --------------------------------------------------------------------------
+    async def start_ours(self, label: str, n: int, cap: str | None) -> Server:
+        a, ns = self.args, self.run.namespace(label.replace("-", "")[:12])
+        env = {**common.node_env(a, ns, self.run.secret), "IM_AMQP_URL": a.amqp_url,
+               "IM_ROOM_SEND_RATE": "1000000", "IM_ROOM_SEND_BURST": "1000000",
+               **({"IM_ROOM_RATE_CAP": cap} if cap is not None else {})}
+        server = Server("ours", label)
+        try:
+            for i in range(n):
+                server.nodes.append(common.NodeProcess(env, self.log_path(f"{label}-node{i}")))
+                await server.nodes[-1].start()
+                server.urls.append(server.nodes[-1].ws_url)
+                server.pids[server.nodes[-1].pid] = f"node {i} ({label})"
+        except BaseException:
+            await self.stop_server(server)
+            raise
+        return server
+
+    async def start_baseline(self, label: str, mode: str) -> Server:
+        proc = await self.spawn(label, "bench.room_baselines", mode)
+        server = Server(mode[:3], label, pids={proc.pid: f"{label} server"}, proc=proc)
+        try:
+            assert proc.stdout is not None
+            line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+            if not line.startswith("READY "):
+                raise RuntimeError(f"{mode} server did not start: {self.tail(label)}")
+            server.urls.append(line.split()[1])
+        except BaseException:
+            await self.stop_server(server)
+            raise
+        return server
+
+    async def stop_server(self, server: Server) -> None:
+        if server.proc is not None:
+            if server.proc.stdin is not None:
+                server.proc.stdin.close()  # EOF: the baseline stops
+            await stop_proc(server.proc)
+            self.logs.append({"what": f"{server.label} server", "exit_code":
+                              server.proc.returncode, "stderr": self.tail(server.label)})
+        await self.run.stop_nodes(server.nodes)
+
+    def tail(self, label: str) -> str:
+        path = self.log_path(label)
+        return path.read_text(errors="replace")[-600:] if path.exists() else ""
+
+    # -- subscribers ------------------------------------------------------------------------
+    async def start_clients(self, server: Server, total: int) -> list[ClientProc]:
+        a, procs = self.args, []
+        per = math.ceil(total / a.client_procs)
+        try:
+            for i, first in enumerate(range(0, total, per)):
+                proc = await self.spawn(
+                    f"{server.label}-client{i}", "bench.room_client", "--kind", server.kind,
+                    "--urls", ",".join(server.urls), "--first", str(first), "--count",
+                    str(min(per, total - first)), "--tag", server.label.replace("-", ""),
+                    "--sample-every", str(a.sample_every), ROOM_BENCH_SECRET=self.run.secret)
+                procs.append(ClientProc(proc))
+                server.pids[proc.pid] = f"subscribers {i} ({server.label})"
+            for c in procs:
+                ready = await c.ask(None, 60 + total / 20)
+                if ready.get("ev") != "ready":
+                    raise RuntimeError(f"subscribers failed: {ready}")
+                c.sampled = ready["sampled"]
+        except BaseException:
+            await self.stop_clients(server, procs)
+            raise
+        return procs
+
+    async def stop_clients(self, server: Server, procs: list[ClientProc]) -> None:
+        await asyncio.gather(*(c.stop() for c in procs), return_exceptions=True)
+        for i, c in enumerate(procs):
+            self.logs.append({"what": f"{server.label} subscribers {i}", "exit_code":
+                              c.proc.returncode, "stderr": self.tail(f"{server.label}-client{i}")})
+
+    # -- one phase ----------------------------------------------------------------------------
+    async def phase(self, label: str, mode: str, start: Any) -> dict[str, Any]:
+        server: Server = await start()
+        try:
+            subs = self.args.subscribers * len(server.urls)
+            clients = await self.start_clients(server, subs)
+            try:
+                url, user = server.urls[0], f"{label.replace('-', '')}-pub"
+                conn = await rc.open_conn(server.kind, url, rc.conn_path(
+                    server.kind, url, user, self.run.secret), rc.Stats(1))
+                try:
+                    r = await self.measure(server, clients, rc.Publisher(conn), mode, subs)
+                finally:
+                    conn.abort()
+            finally:
+                await self.stop_clients(server, clients)
+        finally:
+            await self.stop_server(server)
+        return {"server": label, "kind": server.kind, "mode": mode, "nodes": len(server.urls),
+                "subscribers": subs, **r}
+
+    async def measure(self, server: Server, clients: list[ClientProc], pub: rc.Publisher,
+                      mode: str, subs: int) -> dict[str, Any]:
+        a = self.args
+        marker = f"~{os.urandom(4).hex()}~"
+        pub.begin(marker)
+        warmup, seconds = (a.warmup, a.seconds) if mode == "throughput" else (1.0, a.paced_seconds)
+        open_t = time.time() + 0.2 + warmup
+        close_t = open_t + seconds
+        for c in clients:
+            await c.ask({"cmd": "phase", "marker": marker, "open": open_t, "close": close_t})
+        names = {**server.pids, os.getpid(): "publisher (the benchmark process)"}
+        sender = asyncio.create_task(pub.closed_loop(a.window, close_t) if mode == "throughput"
+                                     else pub.paced(a.rate, close_t))
+        try:
+            await asyncio.sleep(max(0.0, open_t - time.time()))
+            metrics = await asyncio.gather(*(common.fetch_metrics(n.http_url)
+                                             for n in server.nodes))
+            pub.window_open, before = True, common.cpu_snapshot()
+            await asyncio.sleep(max(0.0, close_t - time.time()))
+            pub.window_open, after = False, common.cpu_snapshot()
+            done, _ = await asyncio.wait({sender}, timeout=10)  # acks may have stopped
+            lags = sender.result() if done else None
+        finally:
+            sender.cancel()
+        counters = [common.metrics_delta(b, await common.fetch_metrics(n.http_url))["counters"]
+                    for b, n in zip(metrics, server.nodes, strict=True)]
+        cpu = common.cpu_report(before, after, names, top=8)
+        stats, drain_s = await self.drain(clients, pub, subs)
+        win, received = after.wall - before.wall, sum(s["total"] for s in stats)
+        hist = rc.merge_counts([{int(k): v for k, v in s["hist"].items()} for s in stats])
+        dlv, frames = sum(s["win"] for s in stats), sum(s["frames_win"] for s in stats)
+        return {
+            "seconds": round(win, 3), "published_per_s": round(pub.sent_win / win, 1),
+            "deliveries_per_s": round(dlv / win, 1), "frames_per_s": round(frames / win, 1),
+            "msgs_per_frame": round(dlv / frames, 2) if frames else None,
+            "latency": rc.hist_summary(hist, max(s["lat_max"] for s in stats)),
+            "latency_sample": f"{sum(c.sampled for c in clients)} of {subs} subscribers",
+            "sent": pub.sent, "acked": pub.acked, "unacked": len(pub.inflight),
+            "errors": dict(pub.errors), "publisher_echo": pub.echo, "publisher_stuck": not done,
+            "expected": pub.acked * subs, "received": received,
+            "loss": pub.acked * subs - received, "drain_s": drain_s,
+            "per_socket_min_max": [min(s["got_min"] for s in stats),
+                                   max(s["got_max"] for s in stats)],
+            "short_sockets": sum(s["short"] for s in stats),
+            "closed_sockets": sum(s["closed"] for s in stats),
+            "client_other": rc.merge_counts([s["other"] for s in stats]),
+            "per_node_deliveries_per_s": [round(sum(s["url_win"][i] for s in stats) / win, 1)
+                                          for i in range(len(server.urls))],
+            "send_lag": common.latency_summary(lags) if lags else None,
+            "cpu": cpu, "cores": cores_by_role(cpu, server.pids), "node_counters": counters}
+
+    async def drain(self, clients: list[ClientProc], pub: rc.Publisher,
+                    subs: int) -> tuple[list[dict[str, Any]], float]:
+        """Poll the subscribers until every acked message has arrived everywhere, nothing
+        moved for 2 s, or ``--drain`` s passed."""
+        t0 = still = time.perf_counter()
+        last = -1
+        while True:
+            stats = [await c.ask({"cmd": "stats"}) for c in clients]
+            got, now = sum(s["total"] for s in stats), time.perf_counter()
+            if got != last:
+                last, still = got, now
+            if (got >= pub.acked * subs and not pub.inflight) or now - still > 2 \
+                    or now - t0 > self.args.drain:
+                return stats, round(now - t0, 2)
+            await asyncio.sleep(0.25)
+
+
+def cores_by_role(cpu: dict[str, Any], pids: dict[int, str]) -> dict[str, Any]:
+    """Cores of the server(s), subscriber processes, publisher, and everything else."""
+    by = {int(k): v for k, v in cpu["by_pid"].items()}
+    busy = (cpu["machine_busy_pct"] or 0) / 100 * (os.cpu_count() or 1)
+    return {"server": [by.get(p, 0.0) for p, n in pids.items() if not n.startswith("sub")],
+            "clients": [by.get(p, 0.0) for p, n in pids.items() if n.startswith("sub")],
+            "publisher": by.get(os.getpid(), 0.0), "machine_busy_pct": cpu["machine_busy_pct"],
+            "others": round(max(0.0, busy - sum(by.values())), 2)}
+
+
+# -- report -----------------------------------------------------------------------------------
+def phase_row(r: dict[str, Any]) -> list[Any]:
+    if "error" in r:
+        return [r["server"], "**failed**: " + r["error"][:200]] + [None] * 10
+    c, lat = r["cores"], r["latency"]
+    hot = [f"{w} {x:.2f}" for w in ("server", "clients") for x in c[w] if x >= 0.9]
+    return [r["server"], r["subscribers"], r["published_per_s"], r["deliveries_per_s"],
+            r["frames_per_s"], " / ".join(fmt(lat[k]) for k in ("p50_ms", "p99_ms", "max_ms")),
+            f"{r['loss']:,} of {r['expected']:,}", " + ".join(f"{x:.2f}" for x in c["server"]),
+            " + ".join(f"{x:.2f}" for x in c["clients"]), c["publisher"],
+            c["others"], f"{c['machine_busy_pct']}%" + (f"; near 1 core: {', '.join(hot)}"
+                                                       if hot else "")]
+
+
+def targets(res: dict[str, Any]) -> list[list[Any]]:
+    ph = {(r["server"], r["mode"]): r for r in res["phases"] if "error" not in r}
+
+    def dps(server: str) -> float | None:
+        return ph.get((server, "throughput"), {}).get("deliveries_per_s")
+
+    def div(x: float | None, y: float | None) -> float | None:
+        return round(x / y, 2) if x is not None and y else None
+
+    paced = ph.get(("ours", "paced"))
+    rows = []
+    for what, v, key in (
+            ("ours / python-socketio, deliveries/s", div(dps("ours"), dps("sio")), "vs_sio"),
+            ("ours / bare websockets broadcast, deliveries/s", div(dps("ours"), dps("ws")),
+             "vs_ws"),
+            (f"ours p99 latency at {res['settings']['rate']:g} msgs/s (ms)",
+             paced["latency"]["p99_ms"] if paced else None, "paced_p99_ms"),
+            ("ours 3 nodes / 1 node, deliveries/s", div(dps("ours-3"), dps("ours")),
+             "three_vs_one")):
+        less = key == "paced_p99_ms"
+        ok = None if v is None else (v < TARGETS[key] if less else v >= TARGETS[key])
+        rows.append([what, v, f"{'<' if less else '>='} {TARGETS[key]:g}",
+                     "-" if ok is None else ("met" if ok else "**not met**")])
+    return rows
+
+
+def notes(res: dict[str, Any]) -> list[str]:
+    out = []
+    for r in (r for r in res["phases"] if "error" not in r):
+        odd = {**r["errors"], **r["client_other"]}
+        node = rc.merge_counts([{k[3:]: v for k, v in c.items() if "dropped" in k
+                                 or "skipped" in k or "closed" in k} for c in r["node_counters"]])
+        if odd or node or r["closed_sockets"] or r["short_sockets"] or r["unacked"] \
+                or r["publisher_stuck"]:
+            out.append(f"- {r['server']} {r['mode']}: closed sockets {r['closed_sockets']}, "
+                       f"sockets short of the best-served one {r['short_sockets']}, unacked "
+                       f"{r['unacked']}, publisher stuck {r['publisher_stuck']}; errors / "
+                       f"client saw {odd or '-'}; node counters {node or '-'}")
+    for n in res["nodes"]:
+        lf = n["log_findings"]
+        if lf["warnings"] or lf["errors"] or lf["tracebacks"] or n["exit_code"]:
+            top = "; ".join(f"{t['count']}x {t['line'][:120]}" for t in lf["top"][:3])
+            out.append(f"- node {n['name']} exit {n['exit_code']}: {lf['warnings']} warnings, "
+                       f"{lf['errors']} errors, {lf['tracebacks']} tracebacks: {top} "
+                       f"(`{n['log']}`)")
+    return out + [f"- {p['what']} exit {p['exit_code']}, stderr: {p['stderr'][-300:]!r}"
+                  for p in res["logs"] if p["exit_code"] or p["stderr"].strip()]
+
+
+def render(res: dict[str, Any]) -> str:
+    s, v = res["settings"], res["versions"]
+    lines = header_lines("Room fan-out benchmark", res, "; servers, subscriber processes, "
+                         "the publisher, Redis, RabbitMQ and the store share these CPUs")
+    lines += [f"- one room; {s['subscribers']} subscribers per node in {s['client_procs']} "
+              "processes (bench/room_client.py); 1 publisher (the benchmark process); body "
+              f"~100 B of JSON; uvloop everywhere, no compression; latency: every message of "
+              f"1 in {s['sample_every']} subscribers",
+              f"- throughput: {s['window']} un-acked sends (acked by ours after the broker's "
+              "confirm, by ws once broadcast() returned, by sio once emit() returned), "
+              f"{s['warmup']} s warm-up, {s['seconds']} s measured; ours with "
+              "IM_ROOM_RATE_CAP=0 (no per-member cap)",
+              f"- paced: {s['rate']:g} msgs/s, {s['paced_seconds']} s measured after 1 s; ours "
+              "with its default IM_ROOM_RATE_CAP (50/s) and IM_ROOM_WINDOW_MS (25)",
+              f"- ours: RabbitMQ broker, IM_ROOM_SEND_RATE/BURST 1e6; ws: websockets "
+              f"{v['websockets']} serve(compression=None), broadcast() per message; sio: "
+              f"python-socketio {v['socketio']} AsyncServer on {s['sio_mode']}"
+              f"{' (uvicorn)' if s['sio_mode'] == 'asgi' else ''}, enter_room + emit(room=)", ""]
+    head = ["server", "subs", "published/s", "deliveries/s", "frames/s",
+            "latency p50 / p99 / max (ms)", "loss (of expected)", "server CPU",
+            "subscriber procs CPU", "publisher CPU", "other procs CPU", "machine busy"]
+    for mode, title in (("throughput", "Throughput (closed loop)"),
+                        ("paced", f"Paced, {s['rate']:g} msgs/s")):
+        rows = [phase_row(r) for r in res["phases"] if r["mode"] == mode]
+        lines += [f"## {title}", ""] + md_table(head, rows) if rows else []
+    lines += ["## Targets", ""] + md_table(["figure", "this run", "target", ""], targets(res))
+    lines += [f"{r['server']} deliveries/s per node: "
+              + ", ".join(fmt(x) for x in r["per_node_deliveries_per_s"]) + "\n"
+              for r in res["phases"] if "error" not in r and r["nodes"] > 1]
+    n = notes(res)
+    lines += ["## Notes", ""] + n + [""] if n else []
+    cleanup = res.get("cleanup", {})
+    bad = {k: d for k, d in cleanup.items() if any(isinstance(x, str) for x in d.values())}
+    return "\n".join(lines + [f"Cleanup: {'done' if not bad else bad}",
+                              f"Results: `{res['json']}`"])
+
+
+# -- main ----------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.room_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, kind, default, what in (
+            ("--subscribers", int, 1000, "per node"), ("--seconds", float, 10.0, "measured, "
+             "throughput"), ("--warmup", float, 2.0, "throughput"), ("--window", int, 32,
+             "un-acked sends, throughput"), ("--rate", float, 20.0, "msgs/s, paced"),
+            ("--paced-seconds", float, None, "default: --seconds"),
+            ("--drain", float, 10.0, "max s to wait for stragglers"),
+            ("--client-procs", int, 2, "subscriber processes"),
+            ("--sample-every", int, 10, "1 in N subscribers gives latency")):
+        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+    p.add_argument("--servers", default="ours,ws,sio", help="a subset of ours,ws,sio")
+    p.add_argument("--skip-three", action="store_true", help="leave out the 3-node phase")
+    p.add_argument("--sio-mode", choices=("aiohttp", "asgi"), default="aiohttp",
+                   help="python-socketio on aiohttp (default), or its ASGI app on uvicorn")
+    p.add_argument("--quick", action="store_true",
+                   help="100 subscribers, 3 s phases, 1 s warm-up, 5 s drain")
+    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--amqp-url", default=common.DEFAULT_AMQP_URL)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.subscribers, args.seconds, args.warmup, args.drain = 100, 3.0, 1.0, 5.0
+    args.paced_seconds = args.paced_seconds or args.seconds
+    args.servers = [x for x in args.servers.split(",") if x]
+    for url in (args.mongo_url, args.redis_url, args.amqp_url):
+        if urlsplit(url).hostname not in cli.LOOPBACK:
+            p.error(f"{url}: only 127.0.0.1 is allowed")
+    if set(args.servers) - {"ours", "ws", "sio"} or min(
+            args.subscribers, args.window, args.client_procs, args.sample_every) < 1:
+        p.error("--servers is a subset of ours,ws,sio; counts must be >= 1")
+    args.max_child_s = 900 + 3 * (args.seconds + args.paced_seconds + args.drain)
+    return args
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from importlib.metadata import version
+    b = Bench(args)
+    res: dict[str, Any] = {
+        "command": cli.command_line("bench.room_bench", args.argv), "utc": args.stamp,
+        "machine": common.machine_facts(), "code": args.code, "phases": [],
+        "versions": {"websockets": version("websockets"), "socketio": version("python-socketio")},
+        "settings": {k: getattr(args, k) for k in (
+            "subscribers", "seconds", "warmup", "window", "rate", "paced_seconds", "drain",
+            "client_procs", "sample_every", "servers", "sio_mode")},
+        "nodes": b.run.nodes, "logs": b.logs, "namespaces": b.run.namespaces}
+    plan: list[tuple[str, str, Any]] = []
+    for name in args.servers:
+        for mode in ("throughput", "paced"):
+            plan.append((name, mode, (lambda m=mode: b.start_ours(
+                f"ours-{m}", 1, "0" if m == "throughput" else None)) if name == "ours" else
+                (lambda m=mode, x=name: b.start_baseline(
+                    f"{x}-{m}", "ws" if x == "ws" else f"sio-{args.sio_mode}"))))
+    if "ours" in args.servers and not args.skip_three:
+        plan.append(("ours-3", "throughput", lambda: b.start_ours("ours3-throughput", 3, "0")))
+    budget = 240 + args.subscribers + args.warmup + args.seconds + args.paced_seconds + args.drain
+    try:
+        for name, mode, start in plan:
+            try:
+                async with asyncio.timeout(budget):
+                    r = await b.phase(name, mode, start)
+            except Exception as exc:  # noqa: BLE001 - reported; the other phases still run
+                r = {"server": name, "mode": mode, "error": f"{type(exc).__name__}: {exc}"}
+            res["phases"].append(r)
+            print(f"[room_bench] {name} {mode}: {r.get('deliveries_per_s', r.get('error'))} "
+                  "deliveries/s", file=sys.stderr, flush=True)
+    finally:
+        if b.run.namespaces:
+            res["cleanup"] = await b.run.cleanup()
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cli.note_invocation(args, argv)
+    rc.raise_nofile()
+    common.OUT_DIR.mkdir(parents=True, exist_ok=True)
+    try:
+        res = common.run_loop(run(args))
+    except KeyboardInterrupt:  # every child was stopped on the way out
+        return 130
+    res["json"] = str(common.write_json(res, args.stamp, "room"))
+    print(render(res))
+    return 1 if any("error" in r for r in res["phases"]) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

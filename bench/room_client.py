@@ -1,0 +1,463 @@
+"""The lean room client of ``bench.room_bench``: many subscriber sockets in one
+process, for our node and both baselines; and the publisher the benchmark drives.
+
+No task per socket: each is an ``asyncio.Protocol`` doing the HTTP upgrade and the
+RFC 6455 framing itself (a server's frames are unmasked: header, length, slice;
+under a microsecond of Python a frame); no extension is offered, so nothing is
+compressed. Each body carries the phase's marker (``"m": "~<hex>~"``): a frame's
+messages of the phase are counted exactly by ``payload.count(marker)``; 1 in
+``--sample-every`` sockets also parse frames for latency (receive ``time.time()``
+- the publisher's, from the body) into a log histogram (0.5 % buckets).
+
+Started by the benchmark (token secret in ``ROOM_BENCH_SECRET``); prints a JSON line
+once all its sockets joined, then answers JSON lines on stdin (``phase``, ``stats``,
+``quit``); exits on ``quit``, EOF on stdin or after ``--max-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import hashlib
+import math
+import os
+import resource
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from websockets.frames import Frame, Opcode
+
+KINDS = ("ours", "ws", "sio")
+ROOM = "r1"
+PAD = "x" * 40
+LOG_BUCKETS = 200  # histogram buckets per factor e (0.5 % wide)
+_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+def raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def conn_path(kind: str, url: str, user: str, secret: str) -> str:
+    """The request target of a subscriber or publisher socket on server ``kind``."""
+    base = urlsplit(url).path or "/"
+    if kind == "ours":
+        from gateway.auth import issue_token
+        return f"{base}?token={issue_token(secret, user, 7200)}"
+    if kind == "ws":
+        return f"{base}?user={user}"
+    return "/socket.io/?EIO=4&transport=websocket"
+
+
+class Stats:
+    """Counts of the current phase in one process (all its sockets)."""
+
+    def __init__(self, n_urls: int) -> None:
+        self.n_urls = n_urls
+        self.reset("~none~", 0.0, 0.0)
+        self.other: Counter[str] = Counter()
+
+    def reset(self, marker: str, open_t: float, close_t: float) -> None:
+        self.marker_s, self.marker = marker, marker.encode()
+        self.open_t, self.close_t = open_t, close_t
+        self.total = self.win = self.frames_win = 0
+        self.url_win = [0] * self.n_urls
+        self.hist: dict[int, int] = {}
+        self.lat_max = 0.0
+
+    def latency(self, seconds: float) -> None:
+        us = seconds * 1e6
+        i = int(math.log(us) * LOG_BUCKETS) if us > 1 else 0
+        self.hist[i] = self.hist.get(i, 0) + 1
+        if seconds > self.lat_max:
+            self.lat_max = seconds
+
+    def report(self) -> dict[str, Any]:
+        return {"total": self.total, "win": self.win, "frames_win": self.frames_win,
+                "url_win": self.url_win, "hist": self.hist, "lat_max": self.lat_max,
+                "other": dict(self.other)}
+
+
+def merge_counts(dicts: list[dict[Any, int]]) -> dict[Any, int]:
+    return dict(sum((Counter(d) for d in dicts), Counter()))
+
+
+def hist_summary(hist: dict[int, int], lat_max: float) -> dict[str, Any]:
+    """p50 / p99 (ms, bucket midpoints: +-0.25 %) and the exact max of merged histograms."""
+    total = sum(hist.values())
+    out: dict[str, Any] = {"count": total, "p50_ms": None, "p99_ms": None,
+                           "max_ms": round(lat_max * 1000, 2) if total else None}
+    for p in (50, 99):
+        rank, seen = max(1, math.ceil(p / 100 * total)), 0
+        for k in sorted(hist):
+            seen += hist[k]
+            if seen >= rank:
+                out[f"p{p}_ms"] = round(math.exp((k + 0.5) / LOG_BUCKETS) / 1000, 2)
+                break
+    return out
+
+
+class Conn(asyncio.Protocol):
+    """One client WebSocket: the upgrade and the framing by hand; text frames go to
+    ``on_text(payload, now)``. Subclasses speak a server's protocol on top."""
+
+    def __init__(self, host: str, port: int, path: str, stats: Stats, url_idx: int = 0,
+                 sampled: bool = False) -> None:
+        self.host, self.port, self.path = host, port, path
+        self.stats, self.url_idx, self.sampled = stats, url_idx, sampled
+        self.transport: asyncio.Transport | None = None
+        self.chunks: list[bytes] = []  # bytes of an incomplete frame (or response head)
+        self.have = self.need = 0
+        self.upgraded = False
+        self.closed = False
+        self.got = 0  # messages of the phase on this socket
+        self.frag: list[bytes] = []
+        self.key = base64.b64encode(os.urandom(16))
+        loop = asyncio.get_running_loop()
+        self.joined: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self.on_text: Callable[[bytes, float], None] = self.count_frame
+
+    # -- transport -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        assert self.transport is not None
+        self.transport.write(
+            f"GET {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {self.key.decode()}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            .encode())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.stats.other["socket closed"] += 1
+        self._fail(ConnectionError(f"closed before joining ({exc!r})"))
+
+    def _fail(self, exc: Exception) -> None:
+        if not self.joined.done():
+            self.joined.set_exception(exc)
+            self.joined.exception()  # retrieved: whoever awaits it still sees it
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        if self.chunks:  # a frame longer than one read: join once it is all here
+            self.chunks.append(data)
+            self.have += len(data)
+            if self.have < self.need:
+                return
+            data, self.chunks = b"".join(self.chunks), []
+        buf = data
+        if not self.upgraded:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self._keep(buf, len(buf) + 1)
+                return
+            head, buf = buf[:end], buf[end + 4:]
+            accept = base64.b64encode(hashlib.sha1(self.key + _GUID).digest())
+            if not head.startswith(b"HTTP/1.1 101") or accept not in head:
+                self._fail(ConnectionError(f"upgrade refused: {head[:200]!r} {buf[:200]!r}"))
+                self.abort()
+                return
+            self.upgraded = True
+            self.on_open()
+        pos, n = 0, len(buf)
+        while n - pos >= 2:
+            b0, b1 = buf[pos], buf[pos + 1]
+            length, hdr = b1 & 0x7F, 2
+            if length == 126:
+                if n - pos < 4:
+                    break
+                length, hdr = int.from_bytes(buf[pos + 2:pos + 4], "big"), 4
+            elif length == 127:
+                if n - pos < 10:
+                    break
+                length, hdr = int.from_bytes(buf[pos + 2:pos + 10], "big"), 10
+            end = pos + hdr + length
+            if end > n:
+                self._keep(buf[pos:], end - pos)
+                return
+            payload = buf[pos + hdr:end]
+            pos = end
+            op = b0 & 0x0F  # (a server's frames are never masked: b1 & 0x80 is 0)
+            if op == 1 or op == 2 or op == 0:
+                if not b0 & 0x80:  # a fragment: keep it until the final one
+                    self.frag.append(payload)
+                    continue
+                if self.frag:
+                    payload = b"".join([*self.frag, payload])
+                    self.frag = []
+                self.on_text(payload, now)
+            elif op == 9:
+                self.send(payload, Opcode.PONG)
+            elif op == 8:
+                self.stats.other[f"close frame {payload[:2].hex()} {payload[2:60]!r}"] += 1
+                self.send(payload[:2], Opcode.CLOSE)
+                self.abort()
+                return
+        if pos < n:
+            self._keep(buf[pos:], n - pos + 1)
+
+    def _keep(self, rest: bytes, need: int) -> None:
+        """Wait for ``need`` bytes (``rest`` and what comes next) before parsing again."""
+        self.chunks, self.have, self.need = [rest], len(rest), need
+
+    def send(self, data: bytes, opcode: Opcode = Opcode.TEXT) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(Frame(opcode, data).serialize(mask=True))
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- counting ---------------------------------------------------------------
+    def count_frame(self, payload: bytes, now: float) -> None:
+        """A subscriber's frame: count the phase's messages in it, or handle control."""
+        st = self.stats
+        n = payload.count(st.marker)
+        if not n:
+            self.control(payload)
+            return
+        self.got += n
+        st.total += n
+        if st.open_t <= now < st.close_t:
+            st.win += n
+            st.frames_win += 1
+            st.url_win[self.url_idx] += n
+            if self.sampled:
+                for body in self.bodies(payload):
+                    if body.get("m") == st.marker_s:
+                        st.latency(now - body["t"])
+
+    # -- protocol (ours; the ws baseline speaks the same subset) -----------------
+    def on_open(self) -> None:
+        self.send(orjson.dumps({"op": "join", "id": 1, "room": ROOM}))
+
+    def control(self, payload: bytes) -> None:
+        f = orjson.loads(payload)
+        op = f.get("op")
+        if op == "joined" and f.get("re") == 1:
+            if not self.joined.done():
+                self.joined.set_result(f)
+        elif op == "error" and f.get("re") == 1:
+            self._fail(ConnectionError(f"join refused: {f}"))
+        elif op in ("ok", "error") and f.get("re") is not None:
+            self.ack(f)
+        elif op != "room_msgs":  # room_msgs of another phase: late, not counted
+            self.stats.other[f"{op}:{f.get('code', '')}"] += 1
+
+    def ack(self, f: dict[str, Any]) -> None:
+        """Replies to the publisher's sends; see ``Publisher``."""
+
+    def bodies(self, payload: bytes) -> list[dict[str, Any]]:
+        return [m["body"] for m in orjson.loads(payload)["msgs"]]
+
+    def room_send(self, rid: int, body: dict[str, Any]) -> None:
+        self.send(orjson.dumps({"op": "room_send", "id": rid, "room": ROOM, "body": body,
+                                "prio": 0}))
+
+
+class SioConn(Conn):
+    """Engine.IO v4 / Socket.IO v5 over the websocket transport, by hand."""
+
+    def on_open(self) -> None:
+        pass  # the server speaks first: "0{...}"
+
+    def control(self, payload: bytes) -> None:
+        if payload == b"2":  # Engine.IO ping
+            self.send(b"3")
+        elif payload[:1] == b"0":  # Engine.IO open
+            self.send(b"40")
+        elif payload[:2] == b"40":  # Socket.IO connected: join with ack id 1
+            self.send(b'421["join","' + ROOM.encode() + b'"]')
+        elif payload[:2] == b"43":  # ack: 43<id>[...]
+            rid_end = payload.index(b"[")
+            rid = int(payload[2:rid_end])
+            if rid == 1:
+                if not self.joined.done():
+                    self.joined.set_result({"op": "joined", "ack": payload[rid_end:].decode()})
+            else:
+                self.ack({"op": "ok", "re": rid})
+        elif payload[:4] == b'42["':  # an event of another phase: late, not counted
+            if not payload.startswith(b'42["m"'):
+                self.stats.other[payload[:40].decode(errors="replace")] += 1
+        else:
+            self.stats.other[payload[:40].decode(errors="replace")] += 1
+
+    def bodies(self, payload: bytes) -> list[dict[str, Any]]:
+        return [orjson.loads(payload[2:])[1]["body"]]
+
+    def room_send(self, rid: int, body: dict[str, Any]) -> None:
+        self.send(b"42%d" % rid + orjson.dumps(["room_send", {"room": ROOM, "body": body}]))
+
+
+async def open_conn(kind: str, url: str, path: str, stats: Stats, url_idx: int = 0,
+                    sampled: bool = False, timeout: float = 30) -> Conn:
+    """Connect, upgrade and join the room; retried a few times (listen backlogs overflow
+    when a thousand sockets dial at once)."""
+    u = urlsplit(url)
+    host, port = u.hostname or "127.0.0.1", u.port or 80
+    cls = SioConn if kind == "sio" else Conn
+    loop = asyncio.get_running_loop()
+    for attempt in range(4):
+        conn = cls(host, port, path, stats, url_idx, sampled)
+        try:
+            async with asyncio.timeout(timeout):
+                await loop.create_connection(lambda c=conn: c, host, port)
+                await conn.joined
+            return conn
+        except (OSError, TimeoutError) as exc:
+            conn.abort()
+            if attempt == 3:
+                raise ConnectionError(f"{url}: {exc!r}") from exc
+            stats.other["connect retried"] += 1
+            await asyncio.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+# -- the publisher (used by bench.room_bench, in its own process) -----------------------
+class Publisher:
+    """One publishing socket: numbered room sends, acks matched by id (our ``ok``; the
+    ws baseline answers the same; socket.io answers with an ack packet ``43<id>``)."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+        conn.ack = self._on_reply  # type: ignore[method-assign]
+        conn.on_text = self._on_text
+        self.rid = 1
+        self.inflight: dict[int, bool] = {}  # id -> sent in the measured window
+        self.errors: Counter[str] = Counter()
+        self.window_open = False
+        self.slots: asyncio.Semaphore | None = None
+        self.begin("~none~")
+
+    def begin(self, marker: str) -> None:
+        self.marker = marker
+        self.conn.stats.reset(marker, 0.0, 0.0)
+        self.sent = self.acked = self.sent_win = self.echo = 0
+        self.errors.clear()
+
+    def _on_text(self, payload: bytes, now: float) -> None:
+        n = payload.count(self.conn.stats.marker)  # the publisher is in the room too
+        self.echo += n
+        if not n:
+            self.conn.control(payload)
+
+    def _on_reply(self, f: dict[str, Any]) -> None:
+        win = self.inflight.pop(f.get("re"), None)  # type: ignore[arg-type]
+        if win is None:
+            return
+        if self.slots is not None:
+            self.slots.release()
+        if f.get("op") == "ok":
+            self.acked += 1
+        else:
+            self.errors[str(f.get("code"))] += 1
+
+    def publish(self) -> None:
+        self.rid += 1
+        self.inflight[self.rid] = self.window_open
+        # ~100 bytes of JSON: t, m, s and padding
+        self.conn.room_send(self.rid, {"t": time.time(), "m": self.marker, "s": self.rid,
+                                       "x": PAD})
+        self.sent += 1
+        self.sent_win += self.window_open
+
+    async def closed_loop(self, window: int, until: float) -> None:
+        """Keep ``window`` sends un-acked until ``until`` (time.time())."""
+        self.slots = asyncio.Semaphore(window)
+        while time.time() < until and not self.conn.closed:
+            await self.slots.acquire()  # the caller cancels this if acks stop coming
+            self.publish()
+
+    async def paced(self, rate: float, until: float) -> list[float]:
+        """Open loop: ``rate`` sends a second whatever the acks do; returns send lags."""
+        due, lags = time.time(), []
+        while due < until and not self.conn.closed:
+            delay = due - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            lags.append(max(0.0, time.time() - due))
+            self.publish()
+            due += 1 / rate
+        return lags
+
+
+# -- the subscriber process ---------------------------------------------------------------
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+    sys.stdout.flush()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    raise_nofile()
+    urls, secret = args.urls.split(","), os.environ.get("ROOM_BENCH_SECRET", "")
+    stats, gate, t0 = Stats(len(urls)), asyncio.Semaphore(args.concurrency), time.perf_counter()
+
+    async def one(g: int) -> Conn:  # g: global subscriber index (node, sampling, user id)
+        url = urls[g % len(urls)]
+        async with gate:
+            return await open_conn(args.kind, url,
+                                   conn_path(args.kind, url, f"{args.tag}-s{g}", secret),
+                                   stats, g % len(urls), g % args.sample_every == 0)
+
+    try:
+        conns = await asyncio.gather(*(one(args.first + i) for i in range(args.count)))
+    except Exception as exc:  # noqa: BLE001 - reported to the benchmark, which stops
+        emit({"ev": "failed", "error": repr(exc)[:500], "other": dict(stats.other)})
+        return
+    emit({"ev": "ready", "joined": len(conns), "seconds": round(time.perf_counter() - t0, 2),
+          "sampled": sum(c.sampled for c in conns), "pid": os.getpid()})
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    try:
+        while line := await reader.readline():
+            cmd = orjson.loads(line)
+            if cmd["cmd"] == "phase":
+                stats.reset(cmd["marker"], cmd["open"], cmd["close"])
+                for c in conns:
+                    c.got = 0
+                emit({"ev": "ok"})
+            elif cmd["cmd"] == "stats":
+                gots = sorted(c.got for c in conns)
+                emit({"ev": "stats", **stats.report(), "got_min": gots[0], "got_max": gots[-1],
+                      "short": sum(g < gots[-1] for g in gots),
+                      "closed": sum(c.closed for c in conns)})
+            elif cmd["cmd"] == "quit":
+                break
+    finally:
+        for c in conns:
+            c.send(b"\x03\xe8", Opcode.CLOSE)
+            c.abort()
+        await asyncio.sleep(0.1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.room_client", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kind", choices=KINDS, required=True)
+    p.add_argument("--urls", required=True, help="comma-separated; socket i goes to i %% n")
+    for flag, default in (("--first", 0), ("--count", 100), ("--sample-every", 10),
+                          ("--concurrency", 64), ("--max-seconds", 3600)):
+        p.add_argument(flag, type=int, default=default)
+    p.add_argument("--tag", default="rb")
+    args = p.parse_args()
+    for url in args.urls.split(","):
+        if urlsplit(url).hostname not in ("127.0.0.1", "localhost"):
+            p.error(f"{url}: only 127.0.0.1")
+
+    from bench.common import run_loop
+    with contextlib.suppress(KeyboardInterrupt, TimeoutError):
+        run_loop(asyncio.wait_for(serve(args), args.max_seconds))
+
+
+if __name__ == "__main__":
+    main()

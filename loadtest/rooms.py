@@ -1,0 +1,285 @@
+"""Locust scenario: live-room members on the gateway's WebSocket.
+
+    locust -f loadtest/rooms.py --headless -u 200 -r 50 -t 60s \\
+        --host ws://127.0.0.1:8080 --csv bench/out/locust-rooms
+
+Each simulated member opens one WebSocket (``/ws?token=JWT``), joins one of
+``--rooms`` rooms (member i joins room i mod rooms) and reads every frame in
+a greenlet of its own. A ``--publishers`` fraction of the members also sends
+one ``room_send`` every ``--send-interval`` seconds, its body carrying the
+send time (``time.time()`` in ms), this process's run tag and the sender's
+serial. Each member ticks at a random phase of its own.
+
+Reported to locust as requests (request type ``room`` unless noted):
+
+- ``ws`` / ``connect``: TCP + WebSocket handshake (``ws`` / ``reconnect`` for
+  each attempt after a connection was lost or the node said ``reconnect``).
+- ``join``: join sent -> ``joined`` received.
+- ``send``: room_send sent -> ``ok`` received. A ``rate_limited`` error is a
+  failure named ``send rate_limited``; other errors fail ``send`` with the code.
+  Requests with no reply within ``--reply-timeout`` s fail as ``<op> timeout``.
+- ``fanout``: one per room message received whose body carries a send time
+  ``t`` (so also those of other locust worker processes), response time =
+  receive time - ``t`` (same machine clock), response length = that message's
+  share of its ``room_msgs`` frame. It includes the node's coalescing window
+  (``IM_ROOM_WINDOW_MS``, 25 ms) by design; messages sampled out by the
+  delivery cap (``IM_ROOM_RATE_CAP``) never arrive and are not counted.
+- ``reconnect``: a server ``reconnect`` frame or a lost connection, time to be
+  connected and joined again (the lost connection itself fails ``disconnected``).
+
+The token is signed with ``--secret`` (env ``IM_AUTH_SECRET``, else the
+node's development default). User ids are unique per run and process
+(``lt<run tag>-<n>``), so ``--processes N`` works too.
+``--nodes ws://a,ws://b`` spreads members over several nodes (round robin;
+reconnects go to the next one); without it every member uses ``--host``.
+"""
+
+# isort: off
+from locust import User, events, task  # first: gevent's monkeypatching
+# isort: on
+
+import itertools
+import os
+import random
+import secrets
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import gevent
+import jwt
+import orjson
+import websocket
+from gevent.event import Event
+
+DEV_SECRET = "dev-only-secret-change-me-0123456789"  # gateway.config.Settings.auth_secret
+RUN = secrets.token_hex(3)  # user ids and message bodies carry it
+_serial = itertools.count()
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser: Any) -> None:
+    g = parser  # LocustArgumentParser: include_in_web_ui works only on it, not on a group
+    g.add_argument("--rooms", type=int, default=3, env_var="LT_ROOMS",
+                   help="rooms the members spread over (default 3)")
+    g.add_argument("--room-prefix", default="lt", env_var="LT_ROOM_PREFIX",
+                   help="room ids are PREFIX-0 .. PREFIX-(rooms-1) (default lt)")
+    g.add_argument("--publishers", type=float, default=0.1, env_var="LT_PUBLISHERS",
+                   help="fraction of members that also send (default 0.1)")
+    g.add_argument("--send-interval", type=float, default=1.0, env_var="LT_SEND_INTERVAL",
+                   help="seconds between one publisher's sends (default 1)")
+    g.add_argument("--prio", type=int, default=0, choices=(0, 1), env_var="LT_PRIO",
+                   help="prio of the room sends (default 0)")
+    g.add_argument("--reply-timeout", type=float, default=10.0, env_var="LT_REPLY_TIMEOUT",
+                   help="seconds to wait for joined / ok before failing (default 10)")
+    g.add_argument("--nodes", default="", env_var="LT_NODES",
+                   help="comma-separated ws:// URLs of several nodes (default: --host)")
+    g.add_argument("--secret", default=os.environ.get("IM_AUTH_SECRET", DEV_SECRET),
+                   include_in_web_ui=False, help="token secret (env IM_AUTH_SECRET)")
+
+
+@events.init.add_listener
+def _on_init(environment: Any, **_: Any) -> None:
+    csv = getattr(environment.parsed_options, "csv_prefix", None)
+    if csv and os.path.dirname(csv):
+        os.makedirs(os.path.dirname(csv), exist_ok=True)
+
+
+class ServerError(Exception):
+    """An ``error`` reply: its code and message."""
+
+
+class RoomMember(User):
+    """One room member: a WebSocket, a reader greenlet, and (maybe) a publisher."""
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        o = environment.parsed_options
+        self.opts = o
+        self.serial = next(_serial)
+        self.user_id = f"lt{RUN}-{self.serial}"
+        self.room = f"{o.room_prefix}-{self.serial % max(1, o.rooms)}"
+        # Exactly the fraction asked for, spread evenly over the serials.
+        self.publisher = int((self.serial + 1) * o.publishers) > int(self.serial * o.publishers)
+        nodes = [u.strip() for u in o.nodes.split(",") if u.strip()] or [self.host or ""]
+        self.nodes = [_ws_url(u) for u in nodes]
+        self.node_index = self.serial % len(self.nodes)
+        self.ws: websocket.WebSocket | None = None
+        self.reader: gevent.Greenlet | None = None
+        self.joined = Event()
+        self.pending: dict[int, tuple[str, float]] = {}
+        self.next_id = itertools.count(1)
+        self.reconnect_started: float | None = None  # perf_counter when connection was lost
+        self.next_tick: float | None = None  # time.monotonic() of the next tick
+        self.stopping = False
+
+    # -- lifecycle -------------------------------------------------------------
+    def on_start(self) -> None:
+        self._connect_and_join("connect")  # on failure the reader retries
+        self.reader = gevent.spawn(self._read_loop)
+
+    def on_stop(self) -> None:
+        self.stopping = True
+        if self.reader is not None:
+            self.reader.kill(block=False)
+        self._close()
+
+    def wait_time(self) -> float:
+        """Until this member's next tick: one every --send-interval s, at a random phase
+        of its own (users spawned in one batch would otherwise send in step)."""
+        interval = self.opts.send_interval
+        now = time.monotonic()
+        if self.next_tick is None:
+            self.next_tick = now + random.uniform(0, interval)
+        else:
+            self.next_tick = max(self.next_tick + interval, now)
+        return self.next_tick - now
+
+    @task
+    def tick(self) -> None:
+        """Every --send-interval s: fail overdue requests; publishers send."""
+        self._expire()
+        if self.publisher and self.joined.is_set() and self.ws is not None:
+            body = {"t": time.time() * 1000, "r": RUN, "u": self.serial}
+            self._request("send", {"op": "room_send", "room": self.room, "body": body,
+                                   "prio": self.opts.prio})
+
+    # -- connection --------------------------------------------------------------
+    def _token(self) -> str:
+        now = int(time.time())
+        return jwt.encode({"sub": self.user_id, "iat": now, "exp": now + 3600},
+                          self.opts.secret, algorithm="HS256")
+
+    def _connect_and_join(self, name: str) -> bool:
+        """Open a WebSocket and send join; fires ``ws/<name>`` for the handshake."""
+        url = self.nodes[self.node_index % len(self.nodes)]
+        started = time.perf_counter()
+        try:
+            ws = websocket.create_connection(f"{url}?token={self._token()}", timeout=10,
+                                             skip_utf8_validation=True)
+        except Exception as exc:  # noqa: BLE001 - reported to locust
+            _fire("ws", name, started, 0, exc)
+            return False
+        ws.settimeout(None)
+        _fire("ws", name, started, 0)
+        self.ws = ws
+        self.joined.clear()
+        self._request("join", {"op": "join", "room": self.room})
+        return True
+
+    def _close(self) -> None:
+        ws, self.ws = self.ws, None
+        self.joined.clear()
+        if ws is not None:
+            try:
+                ws.close(timeout=1)
+            except Exception:  # noqa: BLE001 - closing anyway
+                ws.shutdown()
+
+    def _reconnect(self) -> None:
+        """Back to a node (the next one), backing off until connected or stopped.
+        ``reconnect`` is reported when the ``joined`` reply arrives."""
+        self._close()
+        self.pending.clear()
+        if self.reconnect_started is None:
+            self.reconnect_started = time.perf_counter()
+        delay = 0.2
+        while not self.stopping:
+            self.node_index += 1
+            if self._connect_and_join("reconnect"):
+                return
+            gevent.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # -- requests and replies ----------------------------------------------------
+    def _request(self, kind: str, frame: dict[str, Any]) -> None:
+        rid = next(self.next_id)
+        frame["id"] = rid
+        self.pending[rid] = (kind, time.perf_counter())
+        ws = self.ws
+        try:
+            if ws is None:
+                raise ConnectionError("not connected")
+            ws.send(orjson.dumps(frame).decode())
+        except Exception as exc:  # noqa: BLE001 - reported; the reader reconnects
+            self.pending.pop(rid, None)
+            _fire("room", kind, time.perf_counter(), 0, exc)
+
+    def _expire(self) -> None:
+        now = time.perf_counter()
+        limit = self.opts.reply_timeout
+        for rid, (kind, started) in list(self.pending.items()):
+            if now - started > limit:
+                del self.pending[rid]
+                _fire("room", f"{kind} timeout", started, 0,
+                      TimeoutError(f"no reply in {limit:g} s"))
+
+    def _read_loop(self) -> None:
+        while not self.stopping:
+            ws = self.ws
+            if ws is None:  # the first connect failed
+                self._reconnect()
+                continue
+            try:
+                raw = ws.recv()
+            except Exception as exc:  # noqa: BLE001 - connection lost
+                if self.stopping:
+                    return
+                _fire("room", "disconnected", time.perf_counter(), 0, exc)
+                self._reconnect()
+                continue
+            if not raw:
+                continue
+            try:
+                self._on_frame(raw)
+            except Exception as exc:  # noqa: BLE001 - a frame we cannot read
+                _fire("room", "bad frame", time.perf_counter(), len(raw), exc)
+
+    def _on_frame(self, raw: str | bytes) -> None:
+        received_ms = time.time() * 1000
+        f = orjson.loads(raw)
+        op = f.get("op")
+        if op == "room_msgs":
+            msgs = f.get("msgs") or []
+            share = len(raw) // max(1, len(msgs))
+            for m in msgs:
+                body = m.get("body")
+                sent = body.get("t") if isinstance(body, dict) else None
+                if isinstance(sent, (int, float)):
+                    events.request.fire(request_type="room", name="fanout",
+                                        response_time=max(0.0, received_ms - sent),
+                                        response_length=share, exception=None, context={})
+            return
+        if op == "reconnect":
+            self._reconnect()
+            return
+        entry = self.pending.pop(f.get("re"), None) if "re" in f else None
+        if entry is None:
+            return
+        kind, started = entry
+        if op == "error":
+            code = f.get("code")
+            name = "send rate_limited" if code == "rate_limited" else kind
+            _fire("room", name, started, len(raw), ServerError(f"{code}: {f.get('message')}"))
+        else:
+            _fire("room", kind, started, len(raw))
+            if op == "joined":
+                self.joined.set()
+                if self.reconnect_started is not None:
+                    _fire("room", "reconnect", self.reconnect_started, 0)
+                    self.reconnect_started = None
+
+
+def _fire(kind: str, name: str, started: float, length: int,
+          exc: BaseException | None = None) -> None:
+    events.request.fire(request_type=kind, name=name,
+                        response_time=(time.perf_counter() - started) * 1000,
+                        response_length=length, exception=exc, context={})
+
+
+def _ws_url(base: str) -> str:
+    """``ws://host:port`` (or ``.../ws``) -> the ``/ws`` endpoint."""
+    u = urlsplit(base.rstrip("/"))
+    if u.scheme not in ("ws", "wss"):
+        raise ValueError(f"{base!r}: --host / --nodes must be ws:// or wss:// URLs")
+    return base.rstrip("/") if u.path.endswith("/ws") else base.rstrip("/") + "/ws"
