@@ -216,13 +216,14 @@ class Bench:
         marker = f"~{os.urandom(4).hex()}~"
         pub.begin(marker)
         warmup, seconds = (a.warmup, a.seconds) if mode == "throughput" else (1.0, a.paced_seconds)
+        rate = a.scale_rate if mode == "scale" else a.rate
         open_t = time.time() + 0.2 + warmup
         close_t = open_t + seconds
         for c in clients:
             await c.ask({"cmd": "phase", "marker": marker, "open": open_t, "close": close_t})
         names = {**server.pids, os.getpid(): "publisher (the benchmark process)"}
         sender = asyncio.create_task(pub.closed_loop(a.window, close_t) if mode == "throughput"
-                                     else pub.paced(a.rate, close_t))
+                                     else pub.paced(rate, close_t))
         try:
             await asyncio.sleep(max(0.0, open_t - time.time()))
             metrics = await asyncio.gather(*(common.fetch_metrics(n.http_url)
@@ -312,6 +313,8 @@ def targets(res: dict[str, Any]) -> list[list[Any]]:
         return round(x / y, 2) if x is not None and y else None
 
     paced = ph.get(("ours", "paced"))
+    one, three = ph.get(("ours", "scale")), ph.get(("ours-3", "scale"))
+    same_load = div(three["deliveries_per_s"], one["deliveries_per_s"]) if one and three else None
     rows = []
     for what, v, key in (
             ("ours / python-socketio, deliveries/s", div(dps("ours"), dps("sio")), "vs_sio"),
@@ -319,8 +322,10 @@ def targets(res: dict[str, Any]) -> list[list[Any]]:
              "vs_ws"),
             (f"ours p99 latency at {res['settings']['rate']:g} msgs/s (ms)",
              paced["latency"]["p99_ms"] if paced else None, "paced_p99_ms"),
-            ("ours 3 nodes / 1 node, deliveries/s", div(dps("ours-3"), dps("ours")),
-             "three_vs_one")):
+            ("ours 3 nodes / 1 node, deliveries/s, both saturated", div(dps("ours-3"),
+             dps("ours")), "three_vs_one"),
+            (f"ours 3 nodes / 1 node, deliveries/s, both offered {res['settings']['scale_rate']:g}"
+             " msgs/s", same_load, "three_vs_one")):
         less = key == "paced_p99_ms"
         ok = None if v is None else (v < TARGETS[key] if less else v >= TARGETS[key])
         rows.append([what, v, f"{'<' if less else '>='} {TARGETS[key]:g}",
@@ -373,7 +378,9 @@ def render(res: dict[str, Any]) -> str:
             "latency p50 / p99 / max (ms)", "loss (of expected)", "server CPU",
             "subscriber procs CPU", "publisher CPU", "other procs CPU", "machine busy"]
     for mode, title in (("throughput", "Throughput (closed loop)"),
-                        ("paced", f"Paced, {s['rate']:g} msgs/s")):
+                        ("paced", f"Paced, {s['rate']:g} msgs/s"),
+                        ("scale", f"Same offered load, 1 node and 3 nodes: {s['scale_rate']:g} "
+                                  "msgs/s, no cap")):
         rows = [phase_row(r) for r in res["phases"] if r["mode"] == mode]
         lines += [f"## {title}", ""] + md_table(head, rows) if rows else []
     lines += ["## Targets", ""] + md_table(["figure", "this run", "target", ""], targets(res))
@@ -399,7 +406,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ("--paced-seconds", float, None, "default: --seconds"),
             ("--drain", float, 10.0, "max s to wait for stragglers"),
             ("--client-procs", int, 2, "subscriber processes"),
-            ("--sample-every", int, 10, "1 in N subscribers gives latency")):
+            ("--sample-every", int, 10, "1 in N subscribers gives latency"),
+            ("--scale-rate", float, 200.0, "msgs/s offered to 1 node and to 3 nodes; 0: skip")):
         p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
     p.add_argument("--servers", default="ours,ws,sio", help="a subset of ours,ws,sio")
     p.add_argument("--skip-three", action="store_true", help="leave out the 3-node phase")
@@ -434,7 +442,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "versions": {"websockets": version("websockets"), "socketio": version("python-socketio")},
         "settings": {k: getattr(args, k) for k in (
             "subscribers", "seconds", "warmup", "window", "rate", "paced_seconds", "drain",
-            "client_procs", "sample_every", "servers", "sio_mode")},
+            "client_procs", "sample_every", "servers", "sio_mode", "scale_rate")},
         "nodes": b.run.nodes, "logs": b.logs, "namespaces": b.run.namespaces}
     plan: list[tuple[str, str, Any]] = []
     for name in args.servers:
@@ -445,6 +453,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"{x}-{m}", "ws" if x == "ws" else f"sio-{args.sio_mode}"))))
     if "ours" in args.servers and not args.skip_three:
         plan.append(("ours-3", "throughput", lambda: b.start_ours("ours3-throughput", 3, "0")))
+        if args.scale_rate > 0:
+            plan.append(("ours", "scale", lambda: b.start_ours("ours-scale", 1, "0")))
+            plan.append(("ours-3", "scale", lambda: b.start_ours("ours3-scale", 3, "0")))
     budget = 240 + args.subscribers + args.warmup + args.seconds + args.paced_seconds + args.drain
     try:
         for name, mode, start in plan:
