@@ -57,10 +57,14 @@ async def restart_rabbitmq():
     await wait_port(5672, 60)
 
 
-async def test_rabbitmq_restart_mid_soak(make_node):
+async def test_rabbitmq_restart_mid_soak(make_node, connect):
     nodes = [await make_node(**FAST_HEARTBEAT) for _ in range(3)]
     for n in nodes:
         await n.beat()
+    room = uid("room")  # members on two nodes: the room binding must survive the restart
+    speaker, listener = await connect(nodes[0], uid("sp")), await connect(nodes[1], uid("li"))
+    await speaker.request("join", room=room)
+    await listener.request("join", room=room)
     endpoints = [Endpoint(n.ws_port, n.http_port) for n in nodes]
     soak = Soak(endpoints, [uid("r") for _ in range(12)])
     recovered: list[float] = []
@@ -87,6 +91,9 @@ async def test_rabbitmq_restart_mid_soak(make_node):
         await asyncio.sleep(0.05)
     assert b.received.get(a.acked["after-restart"]) == "push"
     assert sum(n.router.stats["envelopes_in"] for n in nodes) > before
+    assert (await speaker.request("room_send", room=room, body="after-restart"))["op"] == "ok"
+    frame = await listener.next_push("room_msgs")
+    assert [m["body"] for m in frame["msgs"]] == ["after-restart"]
     result = await soak.finish()
     report("rabbitmq restart", result)
     assert_nothing_acked_was_lost(result)
