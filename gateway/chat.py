@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -25,6 +25,9 @@ from store.errors import Unavailable
 from store.ids import MidGenerator, mid_for_time_ms, mid_time_ms
 from store.inbox import Delivery
 from store.messages import ChatMessage, msg_frame
+
+if TYPE_CHECKING:
+    from gateway.groups import GroupService
 
 __all__ = ["ChatService", "SendResult", "SyncPage"]
 
@@ -63,6 +66,7 @@ class ChatService:
         self.mids = mids
         self.settings = settings
         self.metrics = metrics
+        self.groups: GroupService | None = None  # set by the node
         common = {"max_batch": settings.batch_max, "max_pending": settings.pending_max}
         self._claims: Batcher[Claim, str | None] = Batcher(
             self._flush_claims, name="redis", observe=metrics.stage_observer("dedup"), **common)
@@ -75,6 +79,10 @@ class ChatService:
         self._deliveries: Batcher[_Outgoing, tuple[dict[str, str], dict[str, str]]] = Batcher(
             self._flush_deliveries, name="redis", observe=metrics.stage_observer("redis"),
             **common)
+
+    async def claim(self, sender: str, cmid: str, mid: int) -> str | None:
+        """Dedup claim on (sender, cmid): None if new, else ``p:...`` / ``d:...``."""
+        return await self._claims.submit((sender, cmid, mid))
 
     # -- send ----------------------------------------------------------------
     async def send(self, sender: str, to: str, cmid: str, body: Any) -> SendResult:
@@ -133,7 +141,9 @@ class ChatService:
 
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
         if conv.startswith("g:"):
-            raise ProtocolError("forbidden", "not a member of this group")
+            if self.groups is None:
+                raise ProtocolError("forbidden", "not a member of this group")
+            return await self.groups.read(user, conv[2:], mid)
         return await self.stores.inbox.mark_read(user, conv, mid)
 
     async def sync(self, user: str, since: int, limit: int) -> SyncPage:
@@ -142,14 +152,18 @@ class ChatService:
             page = await self.stores.inbox.offline_page(user, since, limit + 1)
         except Unavailable:
             page = None  # the boxes in MongoDB answer alone
-        msgs: list[Any]
+        rows: list[tuple[int, Any]]
         if page is not None and page.complete:
-            mids = [mid for mid, _ in page.rows]
-            msgs = [orjson.Fragment(raw) for _, raw in page.rows]
+            rows = [(mid, orjson.Fragment(raw)) for mid, raw in page.rows]
         else:
             frames = await self.stores.messages.box_page(user, after=since, limit=limit + 1)
-            mids = [f["mid"] for f in frames]
-            msgs = frames
+            rows = [(f["mid"], f) for f in frames]
+        if self.groups is not None:  # read-diffused group messages live with their group
+            extra = await self.groups.sync_rd(user, since, limit + 1)
+            if extra:
+                rows = sorted(rows + [(f["mid"], f) for f in extra], key=lambda r: r[0])
+        mids = [mid for mid, _ in rows]
+        msgs = [m for _, m in rows]
         more = len(mids) > limit
         mids, msgs = mids[:limit], msgs[:limit]
         horizon = mid_for_time_ms(int(time.time() * 1000) - self.settings.sync_settle_ms)
@@ -159,7 +173,9 @@ class ChatService:
         self, user: str, conv: str, before: int | None, limit: int
     ) -> tuple[list[dict[str, Any]], int | None]:
         if conv.startswith("g:"):
-            raise ProtocolError("forbidden", "not a member of this group")
+            if self.groups is None:
+                raise ProtocolError("forbidden", "not a member of this group")
+            return await self.groups.history(user, conv[2:], before, limit)
         frames = await self.stores.messages.box_page(user, conv=conv, before=before,
                                                      limit=limit + 1)
         more = len(frames) > limit
@@ -167,12 +183,15 @@ class ChatService:
         return frames, (frames[-1]["mid"] if more else None)
 
     async def conversations(self, user: str, limit: int) -> dict[str, Any]:
+        """1:1 conversations and groups, newest first; the total covers both."""
         total, rows = await self.stores.inbox.conversations(user, limit)
-        return {
-            "total_unread": total,
-            "conversations": [
-                {"conv": r.conv, "unread": r.unread,
-                 "last": orjson.Fragment(r.last) if r.last else None}
-                for r in rows
-            ],
-        }
+        merged: list[tuple[int, dict[str, Any]]] = [
+            (r.mid, {"conv": r.conv, "unread": r.unread,
+                     "last": orjson.Fragment(r.last) if r.last else None})
+            for r in rows if not r.conv.startswith("g:")]
+        if self.groups is not None:
+            group_total, group_rows = await self.groups.conversation_rows(user)
+            total += group_total
+            merged += group_rows
+        merged.sort(key=lambda r: r[0], reverse=True)
+        return {"total_unread": total, "conversations": [row for _, row in merged[:limit]]}

@@ -48,6 +48,8 @@ class Settings:
     mongo_linger_ms: float = 2.0  # wait this long for a Mongo write batch to fill
     mongo_inflight: int = 1  # Mongo write batches in flight at once
     pending_max: int = 20_000  # sends queued in a node before new ones get unavailable
+    group_max_members: int = 100_000
+    group_write_diffusion_max: int = 100  # groups up to this size: a box entry per member
     room_window_ms: float = 25.0  # a room's messages are coalesced over this window
     room_rate_cap: float = 50.0  # room messages/s delivered to each member; 0: no cap
     room_buffer_max: int = 262_144  # bytes queued on a socket before room frames skip it
@@ -91,7 +93,8 @@ class Settings:
                      "room_max_per_conn", "room_report_s", "room_refresh_s", "stuck_close_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
-        for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s"):
+        for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s",
+                     "group_write_diffusion_max", "group_max_members"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"IM_{name.upper()} must not be negative")
 

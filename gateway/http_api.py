@@ -1,4 +1,5 @@
-"""The HTTP API (FastAPI): offline sync, conversations, history, rooms, health, metrics.
+"""The HTTP API (FastAPI): offline sync, conversations, history, groups, rooms, health,
+metrics.
 
 Every error answers ``{"error": {"code", "message"}}`` with the status of its
 code; a validation failure is a 400, a dependency that is down a 503, and
@@ -34,6 +35,8 @@ MAX_LIMIT = 200
 Mid = Annotated[StrictInt, Field(ge=0, le=MAX_MID)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 ConvId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN.pattern)]
+MemberId = Annotated[str, Field(min_length=1, max_length=64, pattern=ID_PATTERN.pattern,
+                                strict=True)]
 
 
 def current_user(request: Request) -> str:
@@ -48,6 +51,17 @@ User = Annotated[str, Depends(current_user)]
 class SyncAck(BaseModel):
     model_config = ConfigDict(extra="forbid")
     upto: Mid
+
+
+class NewGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    members: Annotated[list[MemberId], Field(max_length=1000)] = []
+
+
+class NewMembers(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    members: Annotated[list[MemberId], Field(min_length=1, max_length=1000)]
 
 
 class ReadMark(BaseModel):
@@ -112,6 +126,23 @@ def build_app(node: Node) -> FastAPI:
                       limit: Limit = 50) -> JSON:
         msgs, nxt = await chat.history(user, check_id(conv, "conv"), before, limit)
         return JSON({"msgs": msgs, "next": nxt})
+
+    @app.post("/v1/groups")
+    async def create_group(user: User, body: NewGroup) -> JSON:
+        """Create a group; the caller is its owner and a member."""
+        return JSON({"group": await node.groups.create(user, body.name, body.members)})
+
+    @app.post("/v1/groups/{group}/members")
+    async def add_members(user: User, group: ConvId, body: NewMembers) -> JSON:
+        """Owner only; new members see messages from now on."""
+        await node.groups.add(user, group, body.members)
+        return JSON({"ok": True})
+
+    @app.delete("/v1/groups/{group}/members/{member}")
+    async def remove_member(user: User, group: ConvId, member: ConvId) -> JSON:
+        """Owner only; the member gets nothing sent after this answer."""
+        await node.groups.remove(user, group, member)
+        return JSON({"ok": True})
 
     @app.get("/v1/rooms/{room}")
     async def room(_: User, room: ConvId) -> JSON:

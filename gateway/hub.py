@@ -36,6 +36,7 @@ class Client:
     bad_frames: int = 0
     tasks: set[Any] | None = None  # in-flight ops; None until the first (memory)
     rooms: set[str] | None = None  # joined rooms; None until the first join (memory)
+    groups: set[str] | None = None  # groups this device gets pushes of
     stuck_since: float = 0.0  # monotonic time of the first skipped write; 0: not stuck
 
     def write(self, frame: bytes, limit: int) -> bool:

@@ -1,9 +1,9 @@
 """Live rooms on one node: the ops (join, leave, room_send), broker bindings,
 online counts, and the once-a-second housekeeping.
 
-- Bindings: the node's broker queue is bound to a room when the room gets
-  its first local member; an emptied room keeps its binding for
-  ``room_unbind_delay_s`` so join/leave churn does not become broker churn.
+- Bindings (``gateway/bindings.py``): the node's broker queue is bound to a
+  room when the room gets its first local member; an emptied room keeps its
+  binding for ``room_unbind_delay_s``.
 - Counts: each join or leave writes this node's count for the room and
   reads the total across live nodes in the same round trip (batched with
   every other join and leave in flight); nobody is told about joins.
@@ -18,11 +18,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from typing import Any
 
 import orjson
 
+from gateway.bindings import Bindings
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.hub import Client
@@ -43,21 +43,16 @@ class LiveRooms:
     """Room ops and bookkeeping of one node."""
 
     def __init__(self, node: str, settings: Settings, metrics: NodeMetrics, rooms: RoomHub,
-                 router: Router, counts: RoomCounts) -> None:
+                 router: Router, counts: RoomCounts, bindings: Bindings) -> None:
         self.node = node
         self.settings = settings
         self.metrics = metrics
         self.rooms = rooms
         self.router = router
         self.counts = counts
-        self._bound: set[str] = set()
-        self._binding: dict[str, asyncio.Future[None]] = {}
-        self._idle: dict[str, float] = {}  # emptied room -> monotonic time it emptied
+        self.bindings = bindings
         self._dirty: set[str] = set()  # counts to write at the next tick
         self._buckets: dict[str, TokenBucket] = {}  # user -> room_send bucket
-        self.bind_ops = 0  # binds + unbinds since start
-        # One sample a tick; the window spans a minute of ticks.
-        self._bind_totals: deque[int] = deque(maxlen=int(60 / settings.room_report_s) + 1)
         self._last_refresh = time.monotonic()
         self._report: Batcher[str, int] = Batcher(
             self._flush_counts, name="room-counts", max_batch=settings.batch_max,
@@ -71,9 +66,7 @@ class LiveRooms:
             raise ProtocolError("forbidden", f"a connection may be in at most "
                                 f"{self.settings.room_max_per_conn} rooms")
         self.rooms.join(client, room)
-        self._idle.pop(room, None)
-        if room not in self._bound:
-            await self._bind(room)
+        await self.bindings.ensure(room)
         try:
             return await self._report.submit(room)
         except Unavailable:
@@ -93,7 +86,7 @@ class LiveRooms:
             left, emptied = self.rooms.leave_all(client)
             now = time.monotonic()
             for room in emptied:
-                self._idle[room] = now
+                self.bindings.idle(room, now)
             self._dirty.update(left)
         if client.user not in self.rooms.hub.users:
             self._buckets.pop(client.user, None)
@@ -121,28 +114,16 @@ class LiveRooms:
         """Members of ``room`` across live nodes (a fresh read)."""
         return (await self.counts.totals([room]))[room]
 
-    # -- bindings ------------------------------------------------------------
-    async def _bind(self, room: str) -> None:
-        waiter = self._binding.get(room)
-        if waiter is not None:
-            await asyncio.shield(waiter)
-            return
-        waiter = self._binding[room] = asyncio.get_running_loop().create_future()
-        try:
-            await self.router.bind_room(room)  # kept by the broker across reconnects
-            self._bound.add(room)
-            self.bind_ops += 1
-            self.metrics.room_bind_ops.labels("bind").inc()
-        finally:
-            del self._binding[room]
-            waiter.set_result(None)
+    @property
+    def bind_ops(self) -> int:
+        return self.bindings.ops
 
     def _left(self, client: Client, room: str) -> bool:
         """Leave locally; True if ``client`` was a member."""
         if client.rooms is None or room not in client.rooms:
             return False
         if self.rooms.leave(client, room):
-            self._idle[room] = time.monotonic()
+            self.bindings.idle(room, time.monotonic())
         return True
 
     # -- counts --------------------------------------------------------------
@@ -164,26 +145,11 @@ class LiveRooms:
             except Unavailable as exc:
                 self._dirty |= dirty
                 log.warning("room counts not written: %s", exc)
-        await self._unbind_idle(now)
         self._close_stuck(now)
-        self._bind_totals.append(self.bind_ops)
-        self.metrics.room_bind_ops_minute.set(self._bind_totals[-1] - self._bind_totals[0])
 
     def rewrite_counts(self) -> None:
         """Redis lost its data: write every local count again at the next tick."""
         self._dirty.update(self.rooms.members)
-
-    async def _unbind_idle(self, now: float) -> None:
-        delay = self.settings.room_unbind_delay_s
-        due = [r for r, since in self._idle.items() if now - since >= delay]
-        for room in due:
-            del self._idle[room]
-            if room in self.rooms.members or room not in self._bound:
-                continue
-            self._bound.discard(room)
-            await self.router.unbind_room(room)
-            self.bind_ops += 1
-            self.metrics.room_bind_ops.labels("unbind").inc()
 
     def _close_stuck(self, now: float) -> None:
         for client in self.rooms.hub.stuck_longer_than(self.settings.stuck_close_s, now):
@@ -200,5 +166,6 @@ class LiveRooms:
             await self.counts.forget_node(self.node, list(self.rooms.members))
 
     def snapshot(self) -> dict[str, Any]:
+        rooms = [k for k in self.bindings.bound if not k.startswith("g|")]
         return {"rooms": len(self.rooms.members), "memberships": self.rooms.memberships,
-                "bound": len(self._bound), "idle": len(self._idle)}
+                "bound": len(rooms)}

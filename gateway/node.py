@@ -12,13 +12,17 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Iterator
 
 import uvicorn
 from websockets.asyncio.server import Server, serve
 
+from gateway.bindings import Bindings
 from gateway.chat import ChatService
 from gateway.config import Settings
+from gateway.grouphub import GroupHub
+from gateway.groups import GroupService
 from gateway.http_api import build_app
 from gateway.hub import Client, Hub
 from gateway.live import LiveRooms
@@ -63,6 +67,7 @@ class Node:
             window_s=settings.room_window_ms / 1000, rate_cap=settings.room_rate_cap,
             frame_max=settings.max_frame, buffer_max=settings.room_buffer_max,
             pending_max=settings.room_pending_max))
+        self.group_hub = GroupHub(self.hub)
         self.draining = False
         self.name = ""
         self.ws_port = 0
@@ -92,7 +97,9 @@ class Node:
             self._flush_route_ops, name="redis", max_batch=s.batch_max,
             max_pending=s.pending_max)
         broker = make_broker(s.broker, s.amqp_url, s.namespace)
-        self.router = Router(self.name, self.hub, broker, self.routes, rooms=self.room_hub)
+        self.router = Router(self.name, self.hub, broker, self.routes, rooms=self.room_hub,
+                             groups=self.group_hub)
+        self.router.on_control = self._control
         self.router.on_resume = self._broker_resumed
         try:
             await self.router.start()
@@ -100,8 +107,12 @@ class Node:
             raise StartupError(f"cannot reach RabbitMQ at {_safe_url(s.amqp_url)}") from None
         self.router.set_live(await self.routes.heartbeat(self.name, s.heartbeat_ttl_s))
         self.chat = ChatService(self.stores, MidGenerator(number), s, self.metrics)
+        self.bindings = Bindings(self.router, self.metrics, s.room_unbind_delay_s,
+                                 int(60 / s.room_report_s))
         self.live = LiveRooms(self.name, s, self.metrics, self.room_hub, self.router,
-                              self.stores.rooms)
+                              self.stores.rooms, self.bindings)
+        self.groups = GroupService(self, self.group_hub)
+        self.chat.groups = self.groups
         self.sessions = Sessions(self)
         await self._listen()
         self._tasks.append(asyncio.create_task(self._heartbeat()))
@@ -118,6 +129,7 @@ class Node:
         try:
             await self.stores.messages.ping()
             await self.stores.messages.ensure_indexes()
+            await self.stores.groups.ensure_indexes()
         except Unavailable:
             raise StartupError(f"cannot reach MongoDB at {_safe_url(s.mongo_url)}") from None
 
@@ -163,8 +175,21 @@ class Node:
             await asyncio.sleep(self.settings.room_report_s)
             try:
                 await self.live.tick()
+                await self.bindings.sweep(time.monotonic(), self._key_in_use)
+                self.bindings.tick_metrics()
             except Exception:  # keep ticking: a failed tick is retried by the next
                 log.exception("room housekeeping failed")
+
+    def _key_in_use(self, key: str) -> bool:
+        if key.startswith("g|"):
+            return key[2:] in self.group_hub.members
+        return key in self.room_hub.members
+
+    def _control(self, users: list[str], ctl: dict[str, object]) -> None:
+        """A membership change for local devices, sent by another node."""
+        task = asyncio.create_task(self.groups.apply_control(users, ctl))
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
 
     async def beat(self) -> None:
         """Renew the lease and this node's liveness; learn which nodes live.
@@ -251,6 +276,7 @@ class Node:
                 await asyncio.gather(self._http_task, return_exceptions=True)
         await self._route_ops.close()
         await self.live.close()
+        await self.groups.close()
         with contextlib.suppress(Unavailable):
             await self.lease.release()
         await self.router.close()
@@ -265,10 +291,12 @@ class Node:
             await self._route_ops.submit((True, client.user, client.id))
         except Unavailable as exc:  # served locally; other nodes find it after a rewrite
             log.warning("route write failed for %s: %s", client.user, exc)
+        await self.groups.connected(client)
 
     async def client_disconnected(self, client: Client) -> None:
         self.hub.remove(client)
         self.live.disconnected(client)
+        self.groups.disconnected(client)
         with contextlib.suppress(Unavailable):
             await self._route_ops.submit((False, client.user, client.id))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-__all__ = ["Broker", "LocalDelivery", "RoomDelivery", "RoutePurger"]
+__all__ = ["Broker", "GroupDelivery", "LocalDelivery", "RoomDelivery", "RoutePurger"]
 
 
 class LocalDelivery(Protocol):
@@ -27,6 +27,14 @@ class RoomDelivery(Protocol):
 
         Never awaits; a room without local members drops it (counted).
         """
+        ...
+
+
+class GroupDelivery(Protocol):
+    """The node's group map, as the router sees it."""
+
+    def deliver_group(self, group: str, frame: bytes, skip_conn: int | None) -> int:
+        """Write ``frame`` to every local device of the group's members; never awaits."""
         ...
 
 

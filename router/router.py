@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from router import envelope
-from router.base import Broker, LocalDelivery, RoomDelivery, RoutePurger
+from router.base import Broker, GroupDelivery, LocalDelivery, RoomDelivery, RoutePurger
 from router.errors import BrokerUnavailable
 
 __all__ = ["Router"]
@@ -36,12 +36,15 @@ class Router:
 
     def __init__(
         self, node: str, local: LocalDelivery, broker: Broker, routes: RoutePurger,
-        *, rooms: RoomDelivery | None = None, outbox_max: int = 10_000,
-        publish_batch: int = 64,
+        *, rooms: RoomDelivery | None = None, groups: GroupDelivery | None = None,
+        outbox_max: int = 10_000, publish_batch: int = 64,
     ) -> None:
         self.node = node
         self.local = local
         self.rooms = rooms
+        self.groups = groups
+        # Membership changes for local devices, sent by the node that took them.
+        self.on_control: Callable[[list[str], dict[str, Any]], None] = lambda _u, _c: None
         self.broker = broker
         self.routes = routes
         self.publish_batch = publish_batch
@@ -124,6 +127,22 @@ class Router:
         self._schedule_flush()
         return waiter
 
+    def publish_group(self, group: str, frame: bytes) -> None:
+        """A stored group message to every other node holding one of its members
+        (bound to ``g|<group>``): one envelope per group per loop tick, no
+        message per member. Best effort: members catch up by sync."""
+        key = f"g|{group}"
+        if key not in self._room_records:
+            self._room_records[key] = []
+        self._room_records[key].append(({"g": group}, frame))
+        self._schedule_flush()
+
+    async def control(self, node: str, users: list[str], ctl: dict[str, Any]) -> None:
+        """Tell ``node`` about a membership change of its local ``users``; returns
+        once the broker confirmed it, so anything published after it (a group
+        message) is queued behind it. Raises ``BrokerUnavailable``."""
+        await self.broker.publish(node, envelope.encode([({"u": users, "c": ctl}, b"")]))
+
     async def bind_room(self, room: str) -> None:
         """Start receiving ``room``'s traffic from other nodes."""
         await self.broker.bind_room(room)
@@ -144,7 +163,7 @@ class Router:
         rooms, self._room_records = self._room_records, {}
         waiters, self._room_waiters = self._room_waiters, {}
         for room, recs in rooms.items():
-            self._enqueue(("room", room, envelope.encode(recs), waiters[room]), len(recs))
+            self._enqueue(("room", room, envelope.encode(recs), waiters.get(room)), len(recs))
 
     def _enqueue(self, item: _Item, records: int) -> None:
         try:
@@ -172,7 +191,7 @@ class Router:
                 if not isinstance(result, BrokerUnavailable):
                     log.error("publish error", exc_info=result)
                     result = BrokerUnavailable("publish failed")
-                if item[3] is None:  # a push: resent on resume
+                if item[0] == "node" or item[1].startswith("g|"):  # pushes: resent on resume
                     self._failed.append(item)
                 # A room message: its sender hears `unavailable`; live traffic is not resent.
                 _settle(item[3], result)
@@ -205,6 +224,15 @@ class Router:
         self.stats["envelopes_in"] += 1
         try:
             for head, frame in envelope.decode(data):
+                if "c" in head:
+                    self.on_control(list(head.get("u", ())), head["c"])
+                    continue
+                group = head.get("g")
+                if group is not None:
+                    self.stats["group_msgs_in"] += 1
+                    if self.groups is not None:
+                        self.groups.deliver_group(group, frame, None)
+                    continue
                 room = head.get("r")
                 if room is not None:
                     self.stats["room_msgs_in"] += 1

@@ -1,5 +1,5 @@
-"""State: Redis (offline store, unread, dedup, routes, room counts) and MongoDB
-(messages, boxes).
+"""State: Redis (offline store, unread, dedup, routes, room counts, group caches)
+and MongoDB (messages, boxes, groups).
 
 ``Stores.connect`` opens both and checks they answer; everything else in the
 product reaches Redis and MongoDB through the classes here.
@@ -14,6 +14,8 @@ import redis.asyncio as aioredis
 from pymongo import AsyncMongoClient
 
 from store.errors import Unavailable
+from store.group_cache import GroupCache
+from store.groups import GroupStore
 from store.inbox import InboxLimits, InboxStore
 from store.keys import Keys
 from store.messages import MessageStore
@@ -34,6 +36,8 @@ class Stores:
     inbox: InboxStore
     messages: MessageStore
     rooms: RoomCounts
+    groups: GroupStore
+    group_cache: GroupCache
 
     @classmethod
     def open(
@@ -43,8 +47,10 @@ class Stores:
         redis = connect_redis(redis_url, timeout_s)
         mongo = connect_mongo(mongo_url, timeout_s, mongo_w)
         keys = Keys(namespace)
-        return cls(redis, mongo, keys, InboxStore(redis, keys, limits),
-                   MessageStore(mongo, namespace), RoomCounts(redis, keys))
+        messages = MessageStore(mongo, namespace)
+        groups = GroupStore(messages.db)
+        return cls(redis, mongo, keys, InboxStore(redis, keys, limits), messages,
+                   RoomCounts(redis, keys), groups, GroupCache(redis, keys, groups))
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -41,6 +41,7 @@ class Delivery:
     mid: int
     frame: bytes
     unread: bool
+    conv_list: bool = True  # False: a group message (the group's row has its own state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,7 @@ class OfflinePage:
 @dataclass(frozen=True, slots=True)
 class ConversationRow:
     conv: str
+    mid: int  # of the last message
     unread: int
     last: bytes | None
 
@@ -90,7 +92,8 @@ class InboxStore:
 
     # -- delivery ------------------------------------------------------------
     async def deliver(
-        self, deliveries: Sequence[Delivery], done: Sequence[tuple[str, str, int]]
+        self, deliveries: Sequence[Delivery], done: Sequence[tuple[str, str, int | str]],
+        *, routes: bool = True,
     ) -> list[dict[str, str]]:
         """Record every delivery, mark every (sender, cmid, mid) acked, and read
         each owner's routes (connection -> node) for the push that follows.
@@ -111,16 +114,18 @@ class InboxStore:
                     args=[
                         d.mid, d.frame, d.conv, "1" if d.unread else "0", lim.offline_max,
                         oldest, lim.unread_cap, lim.convs_max, lim.offline_ttl_s,
+                        "1" if d.conv_list else "0",
                     ],
                     client=pipe,
                 )
             for sender, cmid, mid in done:
                 pipe.set(self.keys.dedup(sender, cmid), f"d:{mid}", ex=lim.dedup_ttl_s)
-            for d in deliveries:
-                pipe.hgetall(self.keys.routes(d.owner))
+            if routes:
+                for d in deliveries:
+                    pipe.hgetall(self.keys.routes(d.owner))
             results = await pipe.execute()
-        routes = results[len(deliveries) + len(done):]
-        return [{f.decode(): n.decode() for f, n in r.items()} for r in routes]
+        found = results[len(deliveries) + len(done):]
+        return [{f.decode(): n.decode() for f, n in r.items()} for r in found]
 
     # -- reading -------------------------------------------------------------
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
@@ -162,8 +167,9 @@ class InboxStore:
                 keys=[k.convs(user), k.conv_last(user), k.unread(user)], args=[count]
             )
         rows = [
-            ConversationRow(raw[i].decode(), int(raw[i + 1]), raw[i + 2] or None)
-            for i in range(1, len(raw), 3)
+            ConversationRow(raw[i].decode(), int(float(raw[i + 1])), int(raw[i + 2]),
+                            raw[i + 3] or None)
+            for i in range(1, len(raw), 4)
         ]
         return int(raw[0]), rows
 

@@ -50,6 +50,19 @@ class Keys:
         """Hash: connection id -> node id, for every connected device."""
         return f"{self.ns}:rt:{{{user}}}"
 
+    # -- groups (hash tag = "g:" + group id; per user: the user id) ------------
+    def group_state(self, group: str) -> str:
+        """Hash: seq, lastmid, last (encoded newest message), rdmid, ok."""
+        return f"{self.ns}:gs:{{g:{group}}}"
+
+    def group_members(self, group: str) -> str:
+        """Set of member ids, plus the marker ``~`` once complete."""
+        return f"{self.ns}:gm:{{g:{group}}}"
+
+    def user_groups(self, user: str) -> str:
+        """Hash: group -> from_seq, ``r:<group>`` -> read seq, ``~`` once complete."""
+        return f"{self.ns}:ug:{{{user}}}"
+
     # -- per room (hash tag = room id) ----------------------------------------
     def room_online(self, room: str) -> str:
         """Hash: node name -> that node's local member count of ``room``."""

@@ -21,6 +21,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError
 
 from store.errors import Unavailable
+from store.groups import group_frame
 from store.ids import mid_time_ms
 from store.mongo_client import mongo_guard
 
@@ -79,6 +80,7 @@ class MessageStore:
         self.db: AsyncDatabase[dict[str, Any]] = client[db_name]
         self.messages = self.db["messages"]
         self.boxes = self.db["boxes"]
+        self.group_msgs = self.db["group_msgs"]
 
     async def ensure_indexes(self) -> None:
         async with mongo_guard():
@@ -182,6 +184,14 @@ class MessageStore:
                     .limit(limit)]
             if not mids:
                 return []
-            bodies = {d["_id"]: d async for d in self.messages.find({"_id": {"$in": mids}})}
-        return [msg_frame(mid, d["from"], d["to"], d["body"])
-                for mid in mids if (d := bodies.get(mid)) is not None]
+            bodies = {d["_id"]: msg_frame(d["_id"], d["from"], d["to"], d["body"])
+                      async for d in self.messages.find({"_id": {"$in": mids}})}
+            missing = [m for m in mids if m not in bodies]
+            if missing:  # entries of write-diffused group messages
+                bodies.update({d["mid"]: group_frame(d) async for d in
+                               self.group_msgs.find({"mid": {"$in": missing}})})
+        return [f for mid in mids if (f := bodies.get(mid)) is not None]
+
+    async def insert_boxes(self, docs: list[dict[str, Any]]) -> None:
+        """Box entries written by others (group write diffusion); idempotent."""
+        await self._insert_ignoring_duplicates(docs)

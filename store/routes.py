@@ -48,6 +48,15 @@ class RouteStore:
                 pipe.hdel(self.keys.routes(user), self.field(node, conn))
             await pipe.execute()
 
+    async def lookup(self, users: Sequence[str]) -> list[dict[str, str]]:
+        """Each user's routes (connection -> node), one round trip."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for user in users:
+                pipe.hgetall(self.keys.routes(user))
+            raw = await pipe.execute()
+        return [{f.decode(): n.decode() for f, n in r.items()} for r in raw]
+
     async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None:
         """Drop routes to dead nodes met while looking users up (one pipeline)."""
         async with redis_guard():

@@ -1,11 +1,14 @@
 -- conversations.lua: the newest conversations with unread counts.
 -- KEYS[1] conversations zset   KEYS[2] last message hash   KEYS[3] unread hash
 -- ARGV[1] how many
--- Returns {total, conv, unread, last, conv, unread, last, ...}.
-local convs = redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+-- Returns {total, conv, mid, unread, last, conv, mid, unread, last, ...}
+-- (mid: the conversation's last mid, as a string).
+local convs = redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
 local out = {tonumber(redis.call('HGET', KEYS[3], '*') or '0')}
-for _, conv in ipairs(convs) do
+for i = 1, #convs, 2 do
+  local conv = convs[i]
   out[#out + 1] = conv
+  out[#out + 1] = convs[i + 1]
   out[#out + 1] = tonumber(redis.call('HGET', KEYS[3], conv) or '0')
   out[#out + 1] = redis.call('HGET', KEYS[2], conv) or false
 end

@@ -10,6 +10,8 @@
 -- ARGV[4] '1' to count it as unread      ARGV[5] offline cap (entries)
 -- ARGV[6] oldest mid kept (age cap)      ARGV[7] unread cap per conv
 -- ARGV[8] conversations cap              ARGV[9] key TTL seconds
+-- ARGV[10] '0' to leave the conversation list alone (group messages: a
+--          group's row is built from the group's own state)
 -- Returns 1 if the message was new to this user, 0 if it was already there
 -- (a retried send: nothing is counted twice).
 local mid = tonumber(ARGV[1])
@@ -56,6 +58,9 @@ if ARGV[4] == '1' then
   redis.call('EXPIRE', KEYS[4], ARGV[9])
 end
 
+if ARGV[10] == '0' then
+  return 1
+end
 local last = redis.call('ZSCORE', KEYS[5], ARGV[3])
 if not last or tonumber(last) < mid then
   redis.call('ZADD', KEYS[5], mid, ARGV[3])

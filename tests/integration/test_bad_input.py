@@ -19,8 +19,12 @@ async def nothing_stored(user, mongo_db, redis_client):
     assert await mongo_db.messages.count_documents({"$or": [{"from": user}, {"to": user}]}) == 0
     assert await mongo_db.boxes.count_documents({"owner": user}) == 0
     keys = [k async for k in redis_client.scan_iter(match=f"{RUN_NS}:*{{{user}}}*")]
-    # A connected device has a route; nothing else of the user may exist.
-    assert [k for k in keys if b":rt:" not in k] == []
+    # A connected device has a route, and its (empty) group list is cached at
+    # connect; nothing else of the user may exist.
+    assert [k for k in keys if b":rt:" not in k and b":ug:" not in k] == []
+    for k in keys:
+        if b":ug:" in k:
+            assert await redis_client.hgetall(k) == {b"~": b"1"}
 
 
 BAD_FRAMES = [
@@ -177,14 +181,3 @@ async def test_history_only_shows_the_callers_own_conversations(node, connect, h
 async def test_unknown_path_is_a_clean_404(node, http):
     r = await http(uid()).get("/v1/nope")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
-
-
-@pytest.mark.parametrize("frame", [
-    '{"op":"group_send","id":1,"group":"g","cmid":"c","body":1}',
-])
-async def test_ops_of_later_releases_are_refused_by_name(node, connect, frame):
-    c = await connect(node, uid())
-    await c.send_raw(frame)
-    err = await c.next_push()
-    assert err["code"] == "bad_request" and "is not served" in err["message"]
-    assert frame.split('"')[3] in err["message"]

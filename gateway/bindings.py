@@ -1,0 +1,76 @@
+"""Which broker routing keys this node's queue is bound to, and lazy unbinding.
+
+A key (a room id, or ``g|<group>`` for a group) is bound when it gets its
+first local member: callers await the bind, concurrent callers share it. An
+emptied key keeps its binding for ``delay_s``; it is unbound at a sweep only
+if it is still unused then, so join/leave and connect/disconnect churn do not
+become broker churn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from gateway.metrics import NodeMetrics
+from router import Router
+
+__all__ = ["Bindings"]
+
+
+class Bindings:
+    def __init__(self, router: Router, metrics: NodeMetrics, delay_s: float,
+                 window_ticks: int) -> None:
+        self.router = router
+        self.metrics = metrics
+        self.delay_s = delay_s
+        self.bound: set[str] = set()
+        self.ops = 0  # binds + unbinds since start
+        self._binding: dict[str, asyncio.Future[None]] = {}
+        self._idle: dict[str, float] = {}  # emptied key -> monotonic time it emptied
+        self._totals: deque[int] = deque(maxlen=window_ticks + 1)
+
+    async def ensure(self, key: str) -> None:
+        """Bound before this returns (the broker replays it after a reconnect)."""
+        self._idle.pop(key, None)
+        if key in self.bound:
+            return
+        waiter = self._binding.get(key)
+        if waiter is not None:
+            await asyncio.shield(waiter)
+            return
+        waiter = self._binding[key] = asyncio.get_running_loop().create_future()
+        try:
+            await self.router.bind_room(key)
+            self.bound.add(key)
+            self.ops += 1
+            self.metrics.room_bind_ops.labels("bind").inc()
+        finally:
+            del self._binding[key]
+            waiter.set_result(None)
+
+    def idle(self, key: str, now: float) -> None:
+        """``key`` has no local member any more."""
+        if key in self.bound:
+            self._idle[key] = now
+
+    async def sweep(self, now: float, in_use: Callable[[str], bool]) -> None:
+        due = [k for k, since in self._idle.items() if now - since >= self.delay_s]
+        for key in due:
+            del self._idle[key]
+            if in_use(key) or key not in self.bound:
+                continue
+            self.bound.discard(key)
+            await self.router.unbind_room(key)
+            self.ops += 1
+            self.metrics.room_bind_ops.labels("unbind").inc()
+
+    def tick_metrics(self) -> None:
+        """Once a tick: binds + unbinds over the last minute of ticks."""
+        self._totals.append(self.ops)
+        self.metrics.room_bind_ops_minute.set(self._totals[-1] - self._totals[0])
+
+    @property
+    def idle_count(self) -> int:
+        return len(self._idle)
