@@ -82,7 +82,7 @@ class GroupService:
         self._check_size(len(users))
         group = secrets.token_hex(8)
         await self.stores.groups.create(group, name, owner, users)
-        await self.cache.added(group, users, 0)
+        await self.cache.added(group, users, 0, complete=True)
         await self._notify(users, {"op": "gadd", "g": group})
         return group
 
@@ -139,9 +139,10 @@ class GroupService:
         await self._join(client, list(groups))
 
     async def _join(self, client: Client, groups: list[str]) -> None:
-        first = [g for g in groups if self.ghub.add(client, g)]
-        await asyncio.gather(*(self.node.bindings.ensure(group_key(g)) for g in groups
-                               if g in first or group_key(g) not in self.node.bindings.bound))
+        for g in groups:
+            self.ghub.add(client, g)
+        # ensure() is cheap when bound, and also cancels a pending lazy unbind.
+        await asyncio.gather(*(self.node.bindings.ensure(group_key(g)) for g in groups))
 
     def disconnected(self, client: Client) -> None:
         now = time.monotonic()
@@ -187,25 +188,34 @@ class GroupService:
         ends = await asyncio.gather(*(
             s.groups.allocate(g, len(idx), max(items[i].mid for i in idx),
                               0 if g in small else max(items[i].mid for i in idx))
-            for g, idx in by_group.items()))
-        msgs: list[GroupMessage | None] = [None] * len(items)
+            for g, idx in by_group.items()), return_exceptions=True)
+        out: list[GroupMessage | BaseException] = [Unavailable("mongo")] * len(items)
+        allocated: list[GroupMessage] = []
+        where: list[int] = []
         for (g, idx), end in zip(by_group.items(), ends, strict=True):
             for k, i in enumerate(idx):
+                if isinstance(end, BaseException):
+                    out[i] = end
+                    continue
                 it = items[i]
-                msgs[i] = GroupMessage(g, end - len(idx) + k + 1, it.mid, it.sender, it.cmid,
-                                       it.body, g in small)
-        allocated = [m for m in msgs if m is not None]
+                allocated.append(GroupMessage(g, end - len(idx) + k + 1, it.mid, it.sender,
+                                              it.cmid, it.body, g in small))
+                where.append(i)
+        if not allocated:
+            return out
         try:
             stored = await s.groups.insert(allocated)
         except Unavailable:
             self._repair(allocated)  # their seqs get tombstones once MongoDB is back
             raise
+        for i, m in zip(where, stored, strict=True):
+            out[i] = m
         ok = [m for m in stored if isinstance(m, GroupMessage)]
-        await self._diffuse([m for m in ok if m.wd], small)
+        await self._diffuse([m for m in ok if m.wd])
         await self._record(ok)
-        return stored
+        return out
 
-    async def _diffuse(self, msgs: list[GroupMessage], small: set[str]) -> None:
+    async def _diffuse(self, msgs: list[GroupMessage]) -> None:
         """Write diffusion: a box entry and an offline entry per member."""
         if not msgs:
             return

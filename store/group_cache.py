@@ -99,11 +99,13 @@ class GroupCache:
             await self.redis.sadd(self.keys.group_members(group), MARK, *members)
         return members
 
-    async def added(self, group: str, users: Sequence[str], from_seq: int) -> None:
-        """MongoDB took new members: mirror it (a partial key is rebuilt on read)."""
+    async def added(self, group: str, users: Sequence[str], from_seq: int,
+                    complete: bool = False) -> None:
+        """MongoDB took new members: mirror it (a partial key is rebuilt on read).
+        ``complete``: ``users`` are all the members (a new group)."""
         async with redis_guard():
             pipe = self.redis.pipeline(transaction=False)
-            pipe.sadd(self.keys.group_members(group), *users)
+            pipe.sadd(self.keys.group_members(group), *users, *([MARK] if complete else []))
             for u in users:
                 pipe.hset(self.keys.user_groups(u), mapping={group: from_seq,
                                                              f"r:{group}": from_seq})

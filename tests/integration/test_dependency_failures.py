@@ -63,3 +63,43 @@ async def test_redis_down_gives_unavailable_then_recovers(private, make_node, co
     again = await send_until_ack(ca, b, "during", 1)
     page = (await http(b, node).get("/v1/sync", params={"since": 0})).json()
     assert [m["mid"] for m in page["msgs"]] == [first["mid"], again["mid"]]
+
+
+async def test_group_send_with_mongo_down_then_back_keeps_seqs_whole(private, make_node,
+                                                                    connect, http):
+    from pymongo import AsyncMongoClient
+
+    from tests.conftest import RUN_NS
+
+    mongo = await private("mongo")
+    node = await make_node(mongo_url=mongo.url, dep_timeout_s=1.0)
+    owner, m = uid("o"), uid("m")
+    r = await http(owner, node).post("/v1/groups", json={"name": "g", "members": [m]})
+    g = r.json()["group"]
+    co = await connect(node, owner)
+    assert (await co.request("group_send", group=g, cmid="a", body=0))["seq"] == 1
+
+    await mongo.kill()
+    r = await co.request("group_send", group=g, cmid="b", body=1, timeout=15)
+    assert r["op"] == "error" and r["code"] == "unavailable" and "seq" not in r
+
+    await mongo.start()
+    for _ in range(40):
+        r = await co.request("group_send", group=g, cmid="b", body=1, timeout=15)
+        if r["op"] == "ack":
+            break
+        await asyncio.sleep(0.25)
+    assert r["op"] == "ack"
+    again = await co.request("group_send", group=g, cmid="b", body=1)
+    assert (again["mid"], again["seq"]) == (r["mid"], r["seq"])  # acked once
+    page = (await http(m, node).get("/v1/sync")).json()["msgs"]
+    assert [x["body"] for x in page] == [0, 1]
+    # Every seq up to the group's counter holds the message or a tombstone: no hole.
+    client: AsyncMongoClient = AsyncMongoClient(mongo.url)
+    try:
+        docs = [d async for d in client[RUN_NS].group_msgs.find({"g": g}).sort("seq", 1)]
+        counter = (await client[RUN_NS].groups.find_one({"_id": g}))["seq"]
+    finally:
+        await client.close()
+    assert [d["seq"] for d in docs] == list(range(1, counter + 1))
+    assert [d["seq"] for d in docs if not d.get("dead")] == [1, r["seq"]]
