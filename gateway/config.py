@@ -50,6 +50,11 @@ class Settings:
     pending_max: int = 20_000  # sends queued in a node before new ones get unavailable
     group_max_members: int = 100_000
     group_write_diffusion_max: int = 100  # groups up to this size: a box entry per member
+    feed_push_max: int = 5000  # authors with more followers are pulled at read time
+    feed_timeline_max: int = 800  # timeline entries kept per user
+    feed_text_max: int = 2000  # characters of a post
+    feed_queue_max: int = 10_000  # posts waiting for fan-out before posting waits
+    feed_settle_s: float = 60.0  # reads also pull posts this young (fan-out in flight)
     room_window_ms: float = 25.0  # a room's messages are coalesced over this window
     room_rate_cap: float = 50.0  # room messages/s delivered to each member; 0: no cap
     room_buffer_max: int = 262_144  # bytes queued on a socket before room frames skip it
@@ -90,11 +95,13 @@ class Settings:
             raise ConfigError("IM_AUTH_SECRET must be at least 32 bytes (RFC 7518 3.2 for HS256)")
         for name in ("max_body", "max_frame", "offline_max", "batch_max", "pending_max",
                      "room_window_ms", "room_buffer_max", "room_pending_max",
-                     "room_max_per_conn", "room_report_s", "room_refresh_s", "stuck_close_s"):
+                     "room_max_per_conn", "room_report_s", "room_refresh_s", "stuck_close_s",
+                     "feed_timeline_max", "feed_text_max", "feed_queue_max"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s",
-                     "group_write_diffusion_max", "group_max_members"):
+                     "group_write_diffusion_max", "group_max_members", "feed_push_max",
+                     "feed_settle_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"IM_{name.upper()} must not be negative")
 

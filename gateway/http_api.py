@@ -1,5 +1,5 @@
-"""The HTTP API (FastAPI): offline sync, conversations, history, groups, rooms, health,
-metrics.
+"""The HTTP API (FastAPI): offline sync, conversations, history, groups, rooms, the
+feed, health, metrics.
 
 Every error answers ``{"error": {"code", "message"}}`` with the status of its
 code; a validation failure is a 400, a dependency that is down a 503, and
@@ -35,6 +35,9 @@ MAX_LIMIT = 200
 Mid = Annotated[StrictInt, Field(ge=0, le=MAX_MID)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 ConvId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN.pattern)]
+PostId = Annotated[int, Path(ge=0, le=MAX_MID)]
+Cursor = Annotated[int | None, Query(ge=0, le=MAX_MID)]
+IdCursor = Annotated[str | None, Query(max_length=64, pattern=ID_PATTERN.pattern)]
 MemberId = Annotated[str, Field(min_length=1, max_length=64, pattern=ID_PATTERN.pattern,
                                 strict=True)]
 
@@ -62,6 +65,13 @@ class NewGroup(BaseModel):
 class NewMembers(BaseModel):
     model_config = ConfigDict(extra="forbid")
     members: Annotated[list[MemberId], Field(min_length=1, max_length=1000)]
+
+
+class NewPost(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: Annotated[str, Field(strict=True)]
+    repost_of: Annotated[StrictInt, Field(ge=0, le=MAX_MID)] | None = None
+    reply_to: Annotated[StrictInt, Field(ge=0, le=MAX_MID)] | None = None
 
 
 class ReadMark(BaseModel):
@@ -143,6 +153,64 @@ def build_app(node: Node) -> FastAPI:
         """Owner only; the member gets nothing sent after this answer."""
         await node.groups.remove(user, group, member)
         return JSON({"ok": True})
+
+    feed = node.feed
+
+    @app.post("/v1/follow/{other}")
+    async def follow(user: User, other: ConvId) -> JSON:
+        await feed.follow(user, other, True)
+        return JSON({"ok": True})
+
+    @app.delete("/v1/follow/{other}")
+    async def unfollow(user: User, other: ConvId) -> JSON:
+        await feed.follow(user, other, False)
+        return JSON({"ok": True})
+
+    @app.get("/v1/users/{other}")
+    async def profile(_: User, other: ConvId) -> JSON:
+        """Follow counts (an extension of the contract)."""
+        return JSON(await feed.profile(other))
+
+    @app.get("/v1/users/{other}/following")
+    async def following(_: User, other: ConvId, cursor: IdCursor = None,
+                        limit: Limit = 50) -> JSON:
+        """Who ``other`` follows, by id, seek-paginated (an extension)."""
+        return JSON(await feed.follow_page("following", other, cursor, limit))
+
+    @app.get("/v1/users/{other}/followers")
+    async def followers(_: User, other: ConvId, cursor: IdCursor = None,
+                        limit: Limit = 50) -> JSON:
+        """Who follows ``other``, by id, seek-paginated (an extension)."""
+        return JSON(await feed.follow_page("followers", other, cursor, limit))
+
+    @app.post("/v1/posts")
+    async def create_post(user: User, body: NewPost) -> JSON:
+        return JSON({"post": await feed.create(user, body.text, body.repost_of,
+                                               body.reply_to)})
+
+    @app.delete("/v1/posts/{post}")
+    async def delete_post(user: User, post: PostId) -> JSON:
+        await feed.delete(user, post)
+        return JSON({"ok": True})
+
+    @app.post("/v1/posts/{post}/like")
+    async def like(user: User, post: PostId) -> JSON:
+        await feed.like(user, post)
+        return JSON({"ok": True})
+
+    @app.get("/v1/timeline")
+    async def timeline(user: User, cursor: Cursor = None, limit: Limit = 50) -> JSON:
+        return JSON(await feed.timeline(user, cursor, limit))
+
+    @app.get("/v1/users/{other}/posts")
+    async def user_posts(_: User, other: ConvId, cursor: Cursor = None,
+                         limit: Limit = 50) -> JSON:
+        return JSON(await feed.user_posts(other, cursor, limit))
+
+    @app.get("/v1/posts/{post}/comments")
+    async def comments(_: User, post: PostId, cursor: Cursor = None,
+                       limit: Limit = 50) -> JSON:
+        return JSON(await feed.comments(post, cursor, limit))
 
     @app.get("/v1/rooms/{room}")
     async def room(_: User, room: ConvId) -> JSON:

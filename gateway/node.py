@@ -21,6 +21,7 @@ from websockets.asyncio.server import Server, serve
 from gateway.bindings import Bindings
 from gateway.chat import ChatService
 from gateway.config import Settings
+from gateway.feed import FeedService
 from gateway.grouphub import GroupHub
 from gateway.groups import GroupService
 from gateway.http_api import build_app
@@ -113,6 +114,8 @@ class Node:
                               self.stores.rooms, self.bindings)
         self.groups = GroupService(self, self.group_hub)
         self.chat.groups = self.groups
+        self.feed = FeedService(self)
+        self.feed.start()
         self.sessions = Sessions(self)
         await self._listen()
         self._tasks.append(asyncio.create_task(self._heartbeat()))
@@ -130,6 +133,7 @@ class Node:
             await self.stores.messages.ping()
             await self.stores.messages.ensure_indexes()
             await self.stores.groups.ensure_indexes()
+            await self.stores.feed.ensure_indexes()
         except Unavailable:
             raise StartupError(f"cannot reach MongoDB at {_safe_url(s.mongo_url)}") from None
 
@@ -277,6 +281,7 @@ class Node:
         await self._route_ops.close()
         await self.live.close()
         await self.groups.close()
+        await self.feed.close()
         with contextlib.suppress(Unavailable):
             await self.lease.release()
         await self.router.close()

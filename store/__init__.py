@@ -1,5 +1,5 @@
 """State: Redis (offline store, unread, dedup, routes, room counts, group caches)
-and MongoDB (messages, boxes, groups).
+and MongoDB (messages, boxes, groups, follows, posts, timelines).
 
 ``Stores.connect`` opens both and checks they answer; everything else in the
 product reaches Redis and MongoDB through the classes here.
@@ -14,6 +14,8 @@ import redis.asyncio as aioredis
 from pymongo import AsyncMongoClient
 
 from store.errors import Unavailable
+from store.feed import FeedStore
+from store.feed_cache import FeedCache
 from store.group_cache import GroupCache
 from store.groups import GroupStore
 from store.inbox import InboxLimits, InboxStore
@@ -38,6 +40,8 @@ class Stores:
     rooms: RoomCounts
     groups: GroupStore
     group_cache: GroupCache
+    feed: FeedStore
+    feed_cache: FeedCache
 
     @classmethod
     def open(
@@ -49,8 +53,10 @@ class Stores:
         keys = Keys(namespace)
         messages = MessageStore(mongo, namespace)
         groups = GroupStore(messages.db)
+        feed = FeedStore(messages.db)
         return cls(redis, mongo, keys, InboxStore(redis, keys, limits), messages,
-                   RoomCounts(redis, keys), groups, GroupCache(redis, keys, groups))
+                   RoomCounts(redis, keys), groups, GroupCache(redis, keys, groups), feed,
+                   FeedCache(redis, keys, feed))
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -63,6 +63,35 @@ class Keys:
         """Hash: group -> from_seq, ``r:<group>`` -> read seq, ``~`` once complete."""
         return f"{self.ns}:ug:{{{user}}}"
 
+    # -- feed ------------------------------------------------------------------
+    def following(self, user: str) -> str:
+        """Set of the ids ``user`` follows, plus ``~`` once complete."""
+        return f"{self.ns}:fo:{{{user}}}"
+
+    def pullers(self) -> str:
+        """Hash: author -> newest post id not pushed to timelines; ``~`` once complete."""
+        return f"{self.ns}:fp"
+
+    def timeline_floors(self) -> str:
+        """Hash: user -> id below which the user's timeline was trimmed."""
+        return f"{self.ns}:tlf"
+
+    def timeline_growth(self) -> str:
+        """Hash: user -> timeline entries added since its last trim."""
+        return f"{self.ns}:tln"
+
+    def timeline_trims(self) -> str:
+        """Set of users whose timelines are due a trim."""
+        return f"{self.ns}:tlt"
+
+    def post_counts(self, post: int) -> str:
+        """Hash: r (reposts), c (comments), l (likes), ok once merged with MongoDB."""
+        return f"{self.ns}:pc:{{p:{post}}}"
+
+    def dirty_counts(self) -> str:
+        """Set of post ids whose counters changed since the last flush."""
+        return f"{self.ns}:pcd"
+
     # -- per room (hash tag = room id) ----------------------------------------
     def room_online(self, room: str) -> str:
         """Hash: node name -> that node's local member count of ``room``."""

@@ -94,11 +94,13 @@ async def connect() -> AsyncIterator[Callable[..., Awaitable[WsClient]]]:
 
 
 @pytest.fixture
-async def http(node: Node) -> AsyncIterator[Callable[[str], httpx.AsyncClient]]:
+async def http(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
+    """HTTP clients as a user, to ``target`` or (started only if asked for) the
+    default ``node`` fixture."""
     clients: list[httpx.AsyncClient] = []
 
     def factory(user: str, target: Node | None = None) -> httpx.AsyncClient:
-        port = (target or node).http_port
+        port = (target or request.getfixturevalue("node")).http_port
         c = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
                               headers={"Authorization": f"Bearer {token(user)}"}, timeout=10)
         clients.append(c)

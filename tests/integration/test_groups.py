@@ -10,6 +10,11 @@ import pytest
 from tests.conftest import RUN_NS, uid
 
 
+def on(http: Any, default: Any) -> Any:
+    """The ``http`` fixture with ``default`` as the node when none is named."""
+    return lambda user, node=None: http(user, node or default)
+
+
 async def settle(*nodes: Any) -> None:
     for n in nodes:
         await n.beat()
@@ -66,11 +71,11 @@ async def test_group_chat_end_to_end(make_node, connect, http, wd_max):
     # A resend of a cmid: the same mid and seq, nothing new.
     again = await ca.request("group_send", group=g, cmid="m1", body={"i": 1})
     assert (again["mid"], again["seq"]) == (acks[1]["mid"], 2)
-    assert unread_of(await convs(http, c), f"g:{g}") == 1
-    assert unread_of(await convs(http, a), f"g:{g}") == 0  # its own messages are read
-    assert unread_of(await convs(http, b), f"g:{g}") == 3
+    assert unread_of(await convs(http, c, n1), f"g:{g}") == 1
+    assert unread_of(await convs(http, a, n2), f"g:{g}") == 0  # its own messages are read
+    assert unread_of(await convs(http, b, n1), f"g:{g}") == 3
     await cb.request("read", conv=f"g:{g}", mid=acks[-1]["mid"])
-    assert unread_of(await convs(http, b), f"g:{g}") == 0
+    assert unread_of(await convs(http, b, n2), f"g:{g}") == 0
 
 
 async def test_seq_has_no_gaps_under_concurrent_senders_on_three_nodes(
@@ -99,6 +104,7 @@ async def test_seq_has_no_gaps_under_concurrent_senders_on_three_nodes(
 
 async def test_membership_rules(make_node, connect, http):
     n1, n2 = await make_node(), await make_node()
+    http = on(http, n1)
     await settle(n1, n2)
     owner, m, outsider, late = uid("o"), uid("m"), uid("x"), uid("l")
     g = await new_group(http, owner, [m], n1)
@@ -146,6 +152,7 @@ def _drain(client: Any) -> list[dict[str, Any]]:
 async def test_lost_redis_state_is_rebuilt_and_seqs_continue(make_node, connect, http,
                                                              redis_client):
     node = await make_node()
+    http = on(http, node)
     owner, m = uid("o"), uid("m")
     g = await new_group(http, owner, [m])
     co = await connect(node, owner)
@@ -166,6 +173,7 @@ async def test_lost_redis_state_is_rebuilt_and_seqs_continue(make_node, connect,
 async def test_a_group_crossing_the_diffusion_threshold_answers_the_same(
         make_node, connect, http):
     node = await make_node(group_write_diffusion_max=3)
+    http = on(http, node)
     owner, b, c, d, e = (uid(x) for x in "obcde")
     g = await new_group(http, owner, [b, c])  # 3 members: write diffusion
     co = await connect(node, owner)

@@ -1,0 +1,157 @@
+"""The feed in Redis: following sets, pull authors, timeline floors and growth,
+and the post counters (seed 001). Everything but the counters' unflushed
+changes is a cache of MongoDB and is rebuilt from it when missing; the
+counters' hashes merge MongoDB's flushed values back in (``counter_merge.lua``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from store.feed import FeedStore
+from store.keys import Keys
+from store.redis_client import load_lua, redis_guard
+
+__all__ = ["COUNT_FIELDS", "FeedCache"]
+
+MARK = "~"
+COUNT_FIELDS = {"r": "reposts", "c": "comments", "l": "likes"}
+
+
+class FeedCache:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, store: FeedStore) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.store = store
+        self._hmax = redis.register_script(load_lua("hmax.lua"))
+        self._count = redis.register_script(load_lua("counter.lua"))
+        self._merge = redis.register_script(load_lua("counter_merge.lua"))
+
+    # -- following ---------------------------------------------------------------
+    async def following(self, user: str) -> set[str]:
+        key = self.keys.following(user)
+        async with redis_guard():
+            raw: set[bytes] = await self.redis.smembers(key)  # type: ignore[assignment,misc]
+        names = {m.decode() for m in raw}
+        if MARK in names:
+            return names - {MARK}
+        ids = await self.store.all_following(user)
+        async with redis_guard():
+            await self.redis.sadd(key, MARK, *ids)  # type: ignore[misc]
+        return set(ids)
+
+    async def followed(self, a: str, b: str, yes: bool) -> None:
+        """Mirror a follow (or unfollow); a set without ``~`` is rebuilt on read."""
+        async with redis_guard():
+            if yes:
+                await self.redis.sadd(self.keys.following(a), b)  # type: ignore[misc]
+            else:
+                await self.redis.srem(self.keys.following(a), b)  # type: ignore[misc]
+
+    # -- authors whose posts are pulled --------------------------------------------
+    async def pull_max(self, authors: Iterable[str]) -> dict[str, int]:
+        """Newest unpushed post id of each author that has one."""
+        authors = list(authors)
+        key = self.keys.pullers()
+        async with redis_guard():
+            raw = await self.redis.hmget(key, [MARK, *authors])  # type: ignore[misc]
+        if raw[0] is None:
+            found = await self.store.pullers()
+            async with redis_guard():
+                pipe = self.redis.pipeline(transaction=False)
+                for a, v in found.items():
+                    await self._hmax(keys=[key], args=[a, v], client=pipe)
+                pipe.hset(key, MARK, 1)
+                await pipe.execute()
+            return {a: found[a] for a in authors if a in found}
+        return {a: int(v) for a, v in zip(authors, raw[1:], strict=True) if v is not None}
+
+    async def set_pull(self, author: str, post: int) -> None:
+        async with redis_guard():
+            await self._hmax(keys=[self.keys.pullers()], args=[author, post])
+
+    # -- timeline floors and trimming ----------------------------------------------
+    async def floor(self, user: str) -> int:
+        async with redis_guard():
+            raw = await self.redis.hget(self.keys.timeline_floors(), user)  # type: ignore[misc]
+        if raw is not None:
+            return int(raw)
+        value = int((await self.store.user(user)).get("tl_floor", 0))
+        await self.set_floor(user, value)
+        return value
+
+    async def set_floor(self, user: str, value: int) -> None:
+        async with redis_guard():
+            await self._hmax(keys=[self.keys.timeline_floors()], args=[user, value])
+
+    async def grew(self, users: Sequence[str], keep: int, slack: int) -> None:
+        """``users`` got one entry each; those past keep + slack are due a trim."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for u in users:
+                pipe.hincrby(self.keys.timeline_growth(), u, 1)
+            counts = await pipe.execute()
+            due = [u for u, n in zip(users, counts, strict=True) if n > keep + slack]
+            if due:
+                await self.redis.sadd(self.keys.timeline_trims(), *due)  # type: ignore[misc]
+
+    async def due_trims(self, n: int) -> list[str]:
+        async with redis_guard():
+            raw: list[bytes] | None = await self.redis.spop(  # type: ignore[assignment,misc]
+                self.keys.timeline_trims(), n)
+        return [u.decode() for u in raw or ()]
+
+    async def trimmed(self, user: str, keep: int) -> None:
+        async with redis_guard():
+            await self.redis.hset(self.keys.timeline_growth(), user, keep)  # type: ignore[misc]
+
+    # -- counters --------------------------------------------------------------------
+    async def bump(self, post: int, field: str, delta: int = 1) -> None:
+        async with redis_guard():
+            await self._count(keys=[self.keys.post_counts(post), self.keys.dirty_counts()],
+                              args=[field, delta, post])
+
+    async def counts(self, docs: Sequence[dict[str, Any]]) -> dict[int, dict[str, int]]:
+        """Counts of these posts (documents as read from MongoDB), one round trip;
+        a hash that lost its merged state gets MongoDB's flushed counts added."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for d in docs:
+                c = d.get("counts") or {}
+                await self._merge(keys=[self.keys.post_counts(d["_id"])],
+                                  args=[c.get("reposts", 0), c.get("comments", 0),
+                                        c.get("likes", 0)], client=pipe)
+            raw = await pipe.execute()
+        return {d["_id"]: {name: int(v or 0) for name, v in
+                           zip(COUNT_FIELDS.values(), r, strict=True)}
+                for d, r in zip(docs, raw, strict=True)}
+
+    async def dirty(self, n: int) -> tuple[dict[int, dict[str, int]], list[int]]:
+        """Take up to ``n`` changed counters to flush: (merged counts, ids whose
+        hash still needs MongoDB's values merged in first)."""
+        async with redis_guard():
+            ids = [int(x) for x in await self.redis.spop(  # type: ignore[misc]
+                self.keys.dirty_counts(), n) or ()]
+            if not ids:
+                return {}, []
+            pipe = self.redis.pipeline(transaction=False)
+            for p in ids:
+                pipe.hgetall(self.keys.post_counts(p))
+            raw = await pipe.execute()
+        out: dict[int, dict[str, int]] = {}
+        unmerged: list[int] = []
+        for p, h in zip(ids, raw, strict=True):
+            if h.get(b"ok") == b"1":
+                out[p] = {name: int(h.get(f.encode(), 0)) for f, name in COUNT_FIELDS.items()}
+            else:
+                unmerged.append(p)
+        return out, unmerged
+
+    async def redirty(self, ids: Iterable[int]) -> None:
+        ids = list(ids)
+        if ids:
+            async with redis_guard():
+                await self.redis.sadd(self.keys.dirty_counts(), *ids)  # type: ignore[misc]
