@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import ProtocolError
+from gateway.protocol import encode
 from store.errors import Unavailable
 from store.ids import mid_for_time_ms, mid_time_ms
 
@@ -46,6 +47,7 @@ class FeedService:
         self._queue: asyncio.Queue[int] = asyncio.Queue(maxsize=self.settings.feed_queue_max)
         self._queued: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._pushes: set[asyncio.Task[None]] = set()
         self._last_sweep = 0.0
         self.fanouts = 0  # posts fanned out by this node
 
@@ -229,15 +231,32 @@ class FeedService:
         if doc is None or doc.get("fanout") != "pending":
             return
         s, after = self.settings, None
+        frame = encode({"op": "feed", "post": post, "author": doc["author"], "ts": doc["ts"]})
         while True:
             fans = await self.store.fan_page(doc["author"], after, FANOUT_CHUNK)
             if not fans:
                 break
             await self.store.push(post, doc["author"], fans)
             await self.cache.grew(fans, s.feed_timeline_max, s.feed_timeline_max // 4)
+            self._tell_online(fans, frame)
             after = fans[-1]
         await self.store.set_fanout(post, "done")
         self.fanouts += 1
+
+    def _tell_online(self, users: list[str], frame: bytes) -> None:
+        """The optional ``feed`` push to followers online anywhere (best effort)."""
+        async def push() -> None:
+            try:
+                routes = await self.node.routes.lookup(users)
+            except Unavailable:
+                return
+            for user, r in zip(users, routes, strict=True):
+                if r:
+                    self.node.router.push(user, frame, r)
+
+        task = asyncio.create_task(push())
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
 
     # -- housekeeping ------------------------------------------------------------------
     async def _housekeeping(self) -> None:

@@ -193,3 +193,23 @@ async def test_feed_bad_input(make_node, http):
     assert (await http(u).get("/v1/timeline", params={"limit": 0})).status_code == 400
     assert (await http(u).delete("/v1/posts/123")).status_code == 404
     assert (await http(u).get("/v1/posts/123/comments")).status_code == 404
+
+
+async def test_online_followers_of_an_ordinary_author_get_a_feed_push(make_node, connect,
+                                                                       http, mongo_db):
+    n1, n2 = await make_node(feed_push_max=1), await make_node(feed_push_max=1)
+    await n1.beat()
+    await n2.beat()
+    http = bind(http, n1)
+    author, fan, big, fan2, fan3 = uid("a"), uid("f"), uid("b"), uid("f"), uid("f")
+    await follow(http, fan, author)
+    for f in (fan2, fan3):
+        await follow(http, f, big)
+    c = await connect(n2, fan)  # on another node
+    p = await post(http, author, "hello")
+    push = await c.next_push("feed")
+    assert (push["post"], push["author"]) == (p, author)
+    # 2 followers > 1: never queued for fan-out, so no follower is told (they pull).
+    p2 = await post(http, big, "pulled, not pushed")
+    doc = await mongo_db.posts.find_one({"_id": p2})
+    assert (doc["pushed"], doc["fanout"]) == (False, "none")
