@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -58,6 +59,12 @@ async def _serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Everything allocated at start-up lives as long as the process: keep it out of
+    # the collector's generations, and collect the young generation less often.
+    # Full collections over a big heap stalled every connection ~50 ms (measured).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     print(f"gateway: node {node.name} ws://{settings.host}:{node.ws_port}/ws "
           f"http://{settings.host}:{node.http_port}", flush=True)
     await stop.wait()

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,7 @@ class GroupService:
         group = secrets.token_hex(8)
         await self.stores.groups.create(group, name, owner, users)
         await self.cache.added(group, users, 0, complete=True)
+        await self.cache.created(group)
         await self._notify(users, {"op": "gadd", "g": group})
         return group
 
@@ -249,9 +251,25 @@ class GroupService:
         reads = [(u, g, seq) for (u, g), seq in own.items()]
         await self.cache.record([(g, m.seq, m.mid, encode(group_frame(m)), rd.get(g, 0))
                                  for g, m in newest.items()], reads)
-        await self.stores.groups.set_reads(reads)
+        self._later(self.stores.groups.set_reads(reads))  # only Redis' rebuild needs it
         await self.stores.inbox.deliver([], [(m.sender, m.cmid, f"{m.mid}:{m.seq}")
                                              for m in msgs], routes=False)
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Durable copies nobody waits for. Bounded: past 1,000 pending the write
+        is skipped (a later send of the same member carries a higher read seq)."""
+        async def run() -> None:
+            try:
+                await work
+            except Unavailable as exc:
+                log.warning("deferred group write failed: %s", exc)
+
+        if len(self._repairs) > 1000:
+            work.close()
+            return
+        task = asyncio.create_task(run())
+        self._repairs.add(task)
+        task.add_done_callback(self._repairs.discard)
 
     def _repair(self, msgs: list[GroupMessage]) -> None:
         async def fill() -> None:
@@ -269,6 +287,8 @@ class GroupService:
 
     async def close(self) -> None:
         await self._writes.close()
+        if self._repairs:
+            await asyncio.wait(self._repairs, timeout=5)
 
     # -- reading ---------------------------------------------------------------------
     async def _membership(self, user: str, group: str) -> tuple[int, int]:

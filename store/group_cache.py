@@ -14,6 +14,7 @@ never a wrong seq (seqs come from MongoDB) or a lost membership.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -175,10 +176,12 @@ class GroupCache:
             for g in groups:
                 pipe.hgetall(self.keys.group_state(g))
             raw = await pipe.execute()
+        missing = [g for g, h in zip(groups, raw, strict=True) if b"ok" not in h]
+        rebuilt = dict(zip(missing, await asyncio.gather(*(self._rebuild_state(g)
+                                                           for g in missing)), strict=True))
         out: dict[str, GroupState] = {}
         for g, h in zip(groups, raw, strict=True):
-            if b"ok" not in h:
-                h = await self._rebuild_state(g)
+            h = rebuilt.get(g, h)
             out[g] = GroupState(int(h.get(b"seq", 0)), int(h.get(b"lastmid", 0)),
                                 h.get(b"last"), int(h.get(b"rdmid", 0)))
         return out
@@ -193,6 +196,11 @@ class GroupCache:
             raw: dict[bytes, bytes] = await self.redis.hgetall(  # type: ignore[assignment]
                 self.keys.group_state(group))
         return raw
+
+    async def created(self, group: str) -> None:
+        """A new group's state is known in full: seq 0, no message."""
+        async with redis_guard():
+            await self._state(keys=[self.keys.group_state(group)], args=[0, 0, "", 0, "1"])
 
     async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
                      senders: Sequence[tuple[str, str, int]] = ()) -> None:

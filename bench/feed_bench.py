@@ -1,0 +1,499 @@
+"""Feed benchmark: push fan-out to 5,000 followers next to the store's own insert
+speed, and the first timeline pages of a pushed reader and of one with pulled authors.
+
+    .venv/bin/python -m bench.feed_bench            # 5,000 followers, 10 posts, 200 reads
+    .venv/bin/python -m bench.feed_bench --quick    # 500 followers, 3 posts, 30 reads
+
+1. **Fan-out** (node A, default IM_FEED_PUSH_MAX): ``--followers`` follow the author
+   (HTTP, 50 at a time; setup is not timed), ``f00000`` also follows ``--fill`` authors
+   who post once each. Then ``--warmup-posts`` + ``--posts`` posts, one at a time:
+   *POST* = request -> response; *all timelines* = request -> the post's ``fanout``
+   is ``done`` (``find_one`` every ``--poll-ms``), after which the exact expected
+   ``timelines`` ids (followers + the author's own) are counted.
+2. **Raw store**, no node running: ``--raw-reps`` x per 1,000 followers, as a fan-out
+   does: read the ``fans`` page, ``insert_many`` 1,000 timeline docs (ordered=False,
+   w=majority, j=true, the node's index; scratch database), a Redis pipeline of 1,000
+   HINCRBY (scratch key); each part timed.
+3. **Timeline reads**: ``--repeat`` x (page 1 of 50, page 2 by its cursor), after 5
+   warm-up calls (the first is *cold*); every page is compared with the expected ids.
+   (a) ``f00000`` on node A. (b) node B, IM_FEED_PUSH_MAX=``--pull-max``: a reader of
+   ``--authors`` authors x ``--author-posts`` posts (round-robin), ``--big`` of them
+   pulled (``--big-followers`` followers each), placed so pulled posts land on both
+   pages. Nodes run IM_FEED_SETTLE_S=``--settle``; reads start when no fan-out is
+   pending and the settle window has passed (steady state). Each store call of the
+   node's first-page read is then replayed alone (20 x, the node's store classes).
+
+Markdown on stdout, JSON in ``bench/out/feed-<UTC stamp>.json``, node logs beside it;
+CPU per phase in cores (1.0 = one core). Only 127.0.0.1; every phase is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+import redis.asyncio as aioredis
+
+from bench import cli, common
+from bench.cluster import Run
+from bench.report import fmt, header_lines, md_table
+from gateway.auth import issue_token
+from gateway.feed import FANOUT_CHUNK
+from store.feed import FEED_INDEXES, FeedStore, tl_id
+from store.feed_cache import FeedCache
+from store.ids import mid_for_time_ms
+from store.keys import Keys
+from store.mongo_client import connect_mongo
+
+SEED_002_S = 16.3  # seed 002: average time until 5,000 timelines have a post (PostgreSQL)
+CONCURRENCY = 50
+LIMIT = 50
+SERVICES = ("secantusd", "redis-server", "beam.smp", "epmd", "mongod", "nats-server")
+
+
+def log(msg: str) -> None:
+    print(f"[feed_bench] {msg}", file=sys.stderr, flush=True)
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+def summary(samples: list[float]) -> dict[str, Any]:
+    return {**common.latency_summary(samples), "mean_ms": ms(statistics.fmean(samples))}
+
+
+class Http:
+    """The node's HTTP API as any user (tokens issued here, cached)."""
+
+    def __init__(self, base_url: str, secret: str) -> None:
+        self.secret, self.tokens = secret, {}
+        self.client = httpx.AsyncClient(base_url=base_url, timeout=60, trust_env=False,
+                                        limits=httpx.Limits(max_connections=CONCURRENCY))
+
+    async def call(self, method: str, user: str, path: str, body: Any = None
+                   ) -> tuple[float, Any]:
+        """(seconds, decoded answer); raises unless 200."""
+        if user not in self.tokens:
+            self.tokens[user] = issue_token(self.secret, user, 3600)
+        t, content = time.perf_counter(), None if body is None else orjson.dumps(body)
+        r = await self.client.request(method, path, content=content, headers={
+            "Authorization": f"Bearer {self.tokens[user]}", "Content-Type": "application/json"})
+        took = time.perf_counter() - t
+        if r.status_code != 200:
+            raise RuntimeError(f"{method} {path} as {user}: {r.status_code} {r.text[:300]}")
+        return took, orjson.loads(r.content)
+
+    async def post(self, user: str, text: str) -> tuple[float, int]:
+        took, body = await self.call("POST", user, "/v1/posts", {"text": text})
+        return took, int(body["post"]["id"])
+
+
+async def timed(step: Callable[[], Awaitable[Any]]) -> float:
+    t = time.perf_counter()
+    await step()
+    return time.perf_counter() - t
+
+
+async def bounded(jobs: list[Awaitable[Any]], limit: int = CONCURRENCY) -> list[Any]:
+    sem = asyncio.Semaphore(limit)
+
+    async def one(job: Awaitable[Any]) -> Any:
+        async with sem:
+            return await job
+    return list(await asyncio.gather(*(one(j) for j in jobs)))
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.run = args, Run(args)
+        self.ns_a, self.ns_b = self.run.namespace("a"), self.run.namespace("b")
+        self.raw_db = self.run.base + "raw"
+        self.mongo = connect_mongo(args.mongo_url, 60)
+        self.redis = aioredis.Redis.from_url(args.redis_url, socket_timeout=30)
+        self.names = {os.getpid(): "feed_bench (this process)"}
+        self.nodes: list[common.NodeProcess] = []
+        self.https: list[Http] = []
+        self.cpu: list[dict[str, Any]] = []
+
+    async def start_node(self, ns: str, label: str, extra: dict[str, str]) -> Http:
+        a = self.args
+        env = {**common.node_env(a, ns, self.run.secret), "IM_AMQP_URL": a.amqp_url,
+               "IM_FEED_SETTLE_S": str(a.settle), **extra}
+        self.nodes.append(common.NodeProcess(env, common.OUT_DIR / f"feed-{a.stamp}-{label}.log"))
+        await self.nodes[-1].start()
+        self.names[self.nodes[-1].pid] = f"gateway node {label}"
+        self.https.append(Http(self.nodes[-1].http_url, self.run.secret))
+        return self.https[-1]
+
+    async def phase(self, name: str, job: Awaitable[Any], budget: float) -> Any:
+        """Run ``job`` within ``budget`` seconds; note its wall time and CPU."""
+        log(f"{name} ...")
+        before = common.cpu_snapshot()
+        async with asyncio.timeout(budget):
+            out = await job
+        after = common.cpu_snapshot()
+        cpu = common.cpu_report(before, after, self.names, top=12)
+        others = [p for p in cpu["top"] if str(p["pid"]) not in cpu["by_pid"]
+                  and not any(s in p["what"] for s in SERVICES)]
+        self.cpu.append({"phase": name, "seconds": round(after.wall - before.wall, 2), **cpu,
+                         "other_cores": round(sum(p["cores"] for p in others), 2),
+                         "other_top": others[:3]})
+        log(f"{name}: {after.wall - before.wall:.1f} s")
+        return out
+
+    async def follow(self, http: Http, pairs: list[tuple[str, str]]) -> float:
+        t = time.perf_counter()
+        await bounded([http.call("POST", u, f"/v1/follow/{o}") for u, o in pairs])
+        return round(time.perf_counter() - t, 2)
+
+    async def settled(self, ns: str, timeout: float = 600) -> None:
+        """No post of ``ns`` has a pending fan-out; then the settle window passes."""
+        async with asyncio.timeout(timeout):
+            while True:
+                if not await self.mongo[ns]["posts"].count_documents({"fanout": "pending"}):
+                    break
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(self.args.settle + 1)
+
+    # -- 1. fan-out ---------------------------------------------------------------------
+    async def fanout_setup(self, http: Http) -> dict[str, Any]:
+        fans = [f"f{i:05d}" for i in range(self.args.followers)]
+        fill = [f"s{i:04d}" for i in range(self.args.fill)]
+        follow_s = await self.follow(http, [(f, "au") for f in fans] + [(fans[0], s)
+                                                                       for s in fill])
+        _, prof = await http.call("GET", fans[0], "/v1/users/au")
+        self.fill_posts = [p for _, p in await bounded(
+            [http.post(s, f"fill post of {s}") for s in fill], 10)]
+        await self.settled(self.ns_a)
+        return {"follows": len(fans) + len(fill), "follow_s": follow_s,
+                "follows_per_s": round((len(fans) + len(fill)) / follow_s, 1),
+                "author_followers": prof["followers"], "fill_posts": len(self.fill_posts)}
+
+    async def fanout_measure(self, http: Http) -> dict[str, Any]:
+        a, db = self.args, self.mongo[self.ns_a]
+        users = [f"f{i:05d}" for i in range(a.followers)] + ["au"]
+        rows: list[dict[str, Any]] = []
+        self.main_posts: list[int] = []
+        for i in range(a.warmup_posts + a.posts):
+            t0, polls = time.perf_counter(), 0
+            post_s, post = await http.post("au", f"post {i} to {a.followers} followers")
+            async with asyncio.timeout(300):
+                while True:
+                    polls += 1
+                    doc = await db.posts.find_one({"_id": post}, {"fanout": 1})
+                    if doc and doc.get("fanout") == "done":
+                        break
+                    await asyncio.sleep(a.poll_ms / 1000)
+            done_s = time.perf_counter() - t0
+            have = await db.timelines.count_documents(
+                {"_id": {"$in": [tl_id(u, post) for u in users]}})
+            self.main_posts.append(post)
+            rows.append({"post": post, "warmup": i < a.warmup_posts, "post_ms": ms(post_s),
+                         "all_timelines_ms": ms(done_s), "polls": polls, "entries": have})
+            log(f"post {i}: POST {post_s * 1000:.0f} ms, all timelines {done_s:.2f} s, "
+                f"{have}/{len(users)} entries")
+            await asyncio.sleep(0.2)
+        measured = [r for r in rows if not r["warmup"]]
+        done = [r["all_timelines_ms"] / 1000 for r in measured]
+        return {"posts": rows, "post": summary([r["post_ms"] / 1000 for r in measured]),
+                "all_timelines": summary(done), "expected_entries": len(users),
+                "complete": all(r["entries"] == len(users) for r in rows),
+                "speedup_vs_seed_002": round(SEED_002_S / statistics.fmean(done), 1)}
+
+    # -- 2. raw store -----------------------------------------------------------------
+    async def raw_store(self) -> dict[str, Any]:
+        coll, fans = self.mongo[self.raw_db]["timelines"], FeedStore(self.mongo[self.ns_a])
+        for collection, keys, options in FEED_INDEXES:
+            if collection == "timelines":
+                await coll.create_index(keys, **options)
+        scratch, reps = f"{self.ns_a}:benchscratch", []
+        for rep in range(self.args.raw_reps):
+            post, after, t = 1 << 50 | rep, None, {"fans_read": 0.0, "insert": 0.0, "redis": 0.0}
+            while True:
+                s = time.perf_counter()
+                chunk = await fans.fan_page("au", after, FANOUT_CHUNK)
+                t["fans_read"] += time.perf_counter() - s
+                if not chunk:
+                    break
+                after, pipe = chunk[-1], self.redis.pipeline(transaction=False)
+                for u in chunk:
+                    pipe.hincrby(scratch, u, 1)
+                t["insert"] += await timed(lambda c=chunk, p=post: coll.insert_many(
+                    [{"_id": tl_id(u, p), "u": u, "p": p, "a": "au"} for u in c], ordered=False))
+                t["redis"] += await timed(pipe.execute)
+            reps.append(t)
+        docs = await coll.count_documents({})
+        await self.mongo.drop_database(self.raw_db)
+        await self.redis.delete(scratch)
+        out = {k: summary([r[k] for r in reps]) for k in ("fans_read", "insert", "redis")}
+        out["total"] = summary([sum(r.values()) for r in reps])
+        return {**out, "docs": docs // len(reps),
+                "docs_per_s": round(docs / sum(r["insert"] for r in reps), 1)}
+
+    # -- 3. timeline reads -------------------------------------------------------------
+    async def reads(self, http: Http, ns: str, user: str, expected: list[int],
+                    marked: set[int]) -> dict[str, Any]:
+        exp = sorted(expected, reverse=True)
+        pages, path = (exp[:LIMIT], exp[LIMIT:2 * LIMIT]), f"/v1/timeline?limit={LIMIT}"
+        cold, _ = await http.call("GET", user, path)
+        for _ in range(5):
+            await http.call("GET", user, path)
+        times: tuple[list[float], list[float]] = ([], [])
+        bad: list[str] = []
+        for _ in range(self.args.repeat):
+            cursor = None
+            for k in (0, 1):
+                took, body = await http.call("GET", user, path + (k and f"&cursor={cursor}"
+                                                                  or ""))
+                times[k].append(took)
+                ids, cursor = [p["id"] for p in body["posts"]], body["cursor"]
+                if ids != pages[k] and len(bad) < 5:
+                    bad.append(f"page {k + 1}: {len(ids)} posts ({len(pages[k])} expected), "
+                               f"{len(set(ids) - set(pages[k]))} unexpected, order ok: "
+                               f"{ids == sorted(ids, reverse=True)}")
+            if cursor is None and len(exp) > 2 * LIMIT and len(bad) < 5:
+                bad.append("page 2 has no cursor")
+        return {"user": user, "timeline_posts": len(exp), "cold_ms": ms(cold),
+                "page1": summary(times[0]), "page2": summary(times[1]), "problems": bad,
+                "pulled_on_page": [len(marked & set(p)) for p in pages],
+                "queries": await self.replay(ns, user)}
+
+    async def replay(self, ns: str, user: str, reps: int = 20) -> list[dict[str, Any]]:
+        """The store calls of one first-page read (FeedService.timeline), timed alone."""
+        store = FeedStore(self.mongo[ns])
+        cache = FeedCache(self.redis, Keys(ns), store)
+        authors = await cache.following(user) | {user}
+        floor, pulls = await cache.floor(user), await cache.pull_max(authors)
+        top, want = {"reply_to": None, "deleted": False}, LIMIT + 1
+        every = {**top, "author": {"$in": sorted(authors)}}
+        horizon = mid_for_time_ms(int((time.time() - self.args.settle) * 1000))
+        raw = await store.timeline_page(user, floor, None, 2 * want)
+        docs = list((await store.get_posts([p for p, _ in raw[:LIMIT]])).values())
+        steps: list[tuple[str, bool, Callable[[], Awaitable[Any]]]] = [
+            ("redis: following set", True, lambda: cache.following(user)),
+            ("redis: floor + pull_max", True, lambda: asyncio.gather(
+                cache.floor(user), cache.pull_max(authors))),
+            (f"mongo: timeline window (_id range, limit {2 * want})", True,
+             lambda: store.timeline_page(user, floor, None, 2 * want)),
+            (f"mongo: unpushed posts of {len(pulls)} pulled authors (parallel)", bool(pulls),
+             lambda: asyncio.gather(*(store.posts_page({**top, "author": a, "pushed": False},
+                                                       None, want) for a in pulls))),
+            (f"mongo: posts > settle horizon ($in {len(authors)} authors)", True,
+             lambda: store.posts_page(every, None, want, after=horizon)),
+            (f"mongo: authors' posts ($in {len(authors)}; if window short)",
+             len(raw) < 2 * want, lambda: store.posts_page(every, None, want)),
+            (f"mongo: get_posts({len(docs)} ids)", True,
+             lambda: store.get_posts([d["_id"] for d in docs])),
+            (f"redis: counts of {len(docs)} posts (Lua pipeline)", True,
+             lambda: cache.counts(docs))]
+        out = []
+        for label, used, step in steps:
+            samples = [await timed(step) for _ in range(reps)]
+            out.append({"query": label, "in_read": used, "max_ms": ms(max(samples)),
+                        "p50_ms": ms(statistics.median(samples))})
+        return out
+
+    async def pull_setup(self, http: Http) -> dict[str, Any]:
+        a = self.args
+        authors = [f"w{i:03d}" for i in range(a.authors)]
+        step = max(1, min(2 * LIMIT, a.authors) // a.big)
+        big = sorted({max(0, a.authors - step // 2 - step * k) for k in range(a.big)})
+        for i in big:
+            authors[i] = f"big{i:03d}"
+        others = [f"x{i:03d}" for i in range(a.big_followers - 1)]
+        pairs = [("r", w) for w in authors] + [(x, authors[i]) for i in big for x in others]
+        follow_s = await self.follow(http, pairs)
+        self.reader_posts, self.pulled, t = [], set(), time.perf_counter()
+        for k in range(a.author_posts):
+            for i, w in enumerate(authors):
+                self.reader_posts.append((await http.post(w, f"post {k} of {w}"))[1])
+                if i in big:
+                    self.pulled.add(self.reader_posts[-1])
+        post_s = round(time.perf_counter() - t, 2)
+        unpushed = await self.mongo[self.ns_b]["posts"].count_documents({"pushed": False})
+        await self.settled(self.ns_b)
+        return {"follows": len(pairs), "follow_s": follow_s, "posts": len(self.reader_posts),
+                "post_s": post_s, "big_authors": [authors[i] for i in big],
+                "unpushed_posts": unpushed}
+
+    async def close(self) -> dict[str, Any]:
+        for h in self.https:
+            await h.client.aclose()
+        await self.run.stop_nodes([n for n in self.nodes if n.proc and n.proc.returncode is None])
+        try:
+            out = await self.run.cleanup()
+            await common.drop_databases(self.args.mongo_url, [self.raw_db])
+        finally:
+            await self.mongo.close()
+            await self.redis.aclose()
+        return out
+
+
+# -- report ---------------------------------------------------------------------------
+def _lat(s: dict[str, Any]) -> str:
+    return " / ".join(fmt(s.get(k)) for k in ("p50_ms", "mean_ms", "p99_ms", "max_ms"))
+
+
+def render(res: dict[str, Any]) -> str:
+    s, f, r = res["settings"], res.get("fanout"), res.get("raw")
+    lines = header_lines("Feed benchmark", res, f"; load avg at end {res['loadavg_at_end'][0]:.2f}")
+    lines += [f"- namespaces {res['namespaces']}; node A: default IM_FEED_PUSH_MAX, node B: "
+              f"IM_FEED_PUSH_MAX={s['pull_max']}; both IM_FEED_SETTLE_S={s['settle']}", ""]
+    lines += [f"**ERROR**: {res['error']}", ""] if "error" in res else []
+    if su := res.get("fanout_setup"):
+        lines += [f"Setup (not timed): {fmt(su['follows'])} follows over HTTP in {su['follow_s']}"
+                  f" s ({fmt(su['follows_per_s'])}/s); author's followers "
+                  f"{fmt(su['author_followers'])}; {su['fill_posts']} fill posts.", ""]
+    head = ["ms: p50 / mean / p99 / max", "value"]
+    if f:
+        w = [p for p in f["posts"] if p["warmup"]]
+        lines += [f"## 1. Fan-out: {s['posts']} posts, {fmt(s['followers'])} followers", ""]
+        lines += md_table(head, [
+            ["POST /v1/posts (request -> response)", _lat(f["post"])],
+            [f"request -> all {fmt(s['followers'])} timelines have it", _lat(f["all_timelines"])],
+            [f"all {fmt(f['expected_entries'])} entries (followers + author) present",
+             "yes" if f["complete"] else "**NO**"],
+            ["seed 002 (PostgreSQL) average", f"{SEED_002_S * 1000:,.0f}"],
+            ["speed-up vs seed 002 (mean)", f"{f['speedup_vs_seed_002']}x (target 10x)"],
+            ["first (warm-up) post: POST / all timelines",
+             f"{fmt(w[0]['post_ms'])} / {fmt(w[0]['all_timelines_ms'])}" if w else "-"]])
+    if r:
+        lines += [f"## 2. Raw store: {fmt(r['docs'])} docs per rep, {s['raw_reps']} reps, "
+                  "no node", ""]
+        lines += md_table(head, [
+            [f"insert_many of {FANOUT_CHUNK} (w=majority, j=true), sum", _lat(r["insert"])],
+            ["read the follower pages (fans), sum", _lat(r["fans_read"])],
+            [f"Redis pipelines of {FANOUT_CHUNK} HINCRBY, sum", _lat(r["redis"])],
+            ["all three, sequential (a fan-out's store work)", _lat(r["total"])],
+            ["insert docs/s", r["docs_per_s"]],
+            ["fan-out p50 / raw (all three) p50", round(
+                f["all_timelines"]["p50_ms"] / r["total"]["p50_ms"], 2) if f else "-"]])
+    for key, title in (("read_pushed", "3a. Timeline of a follower (all pushed)"),
+                       ("read_pulled", f"3b. Timeline, {s['authors']} authors, {s['big']} "
+                        f"pulled ({s['big_followers']} followers > {s['pull_max']})")):
+        if t := res.get(key):
+            lines += [f"## {title}", ""] + md_table(["", "value"], [
+                ["timeline posts / setup", f"{t['timeline_posts']} / {t.get('setup', '-')}"],
+                ["cold first call (ms)", t["cold_ms"]],
+                ["page 1 p50 / mean / p99 / max (ms)", _lat(t["page1"])],
+                ["page 2 p50 / mean / p99 / max (ms)", _lat(t["page2"])],
+                ["pulled posts on page 1 / 2", " / ".join(map(str, t["pulled_on_page"]))],
+                ["pages checked / problems",
+                 f"{2 * t['page1']['count']} / {'; '.join(t['problems']) or 'none'}"]])
+            lines += ["Store calls of a first-page read, each replayed alone (20 runs):", ""]
+            lines += md_table(["call", "p50 ms", "max ms", "in this read?"], [
+                [q["query"], q["p50_ms"], q["max_ms"], "yes" if q["in_read"] else "no"]
+                for q in t["queries"]])
+    lines += ["## CPU by phase (cores)", ""] + md_table(
+        ["phase", "s", "machine busy %", "top processes", "others (not ours, not servers)"],
+        [[c["phase"], c["seconds"], c["machine_busy_pct"],
+          ", ".join(f"{p['what'][:26]} {p['cores']:.2f}" for p in c["top"][:4]),
+          f"{c['other_cores']:.2f}" + "".join(f" ({p['what'][:40]})" for p in c["other_top"][:1])]
+         for c in res["cpu"]])
+    for n in res["nodes"]:
+        lf = n["log_findings"]
+        lines.append(f"- node log `{n['log']}`: exit {n['exit_code']}, {lf['warnings']} warnings"
+                     f", {lf['errors']} errors, {lf['tracebacks']} tracebacks"
+                     + "".join(f"; {t['count']}x {t['line'][:120]}" for t in lf["top"][:3]))
+    return "\n".join(lines + [f"- results: `{res.get('json')}`"])
+
+
+# -- main ------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.feed_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, kind, default, what in (
+            ("--followers", int, 5000, "followers of the fan-out author"),
+            ("--posts", int, 10, "measured fan-out posts"),
+            ("--warmup-posts", int, 1, "unmeasured fan-out posts first"),
+            ("--fill", int, 150, "authors (1 post each) the reader of 3a also follows"),
+            ("--poll-ms", float, 10.0, "fan-out completion poll interval"),
+            ("--raw-reps", int, 5, "raw store repetitions"),
+            ("--authors", int, 200, "authors the reader of 3b follows"),
+            ("--big", int, 5, "of them above node B's push threshold"),
+            ("--big-followers", int, 60, "followers of each big author"),
+            ("--author-posts", int, 3, "posts per author in 3b"),
+            ("--pull-max", int, 50, "node B's IM_FEED_PUSH_MAX"),
+            ("--settle", float, 1.0, "both nodes' IM_FEED_SETTLE_S"),
+            ("--repeat", int, 200, "timeline reads (page 1 + page 2) per reader")):
+        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+    p.add_argument("--quick", action="store_true",
+                   help="500 followers, 3 posts, 120 fill, 60 authors, 30 reads, 2 raw reps")
+    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--amqp-url", default=common.DEFAULT_AMQP_URL)
+    a = p.parse_args(argv)
+    if a.quick:
+        a.followers, a.posts, a.fill, a.authors, a.repeat, a.raw_reps = 500, 3, 120, 60, 30, 2
+    for url in (a.mongo_url, a.redis_url, a.amqp_url):
+        if urlsplit(url).hostname not in cli.LOOPBACK:
+            p.error(f"{url}: only 127.0.0.1 is allowed")
+    if (min(a.followers, a.posts, a.repeat, a.raw_reps, a.big, a.author_posts) < 1
+            or a.big > a.authors or a.big_followers <= a.pull_max or a.followers > 100_000
+            or min(a.settle, a.warmup_posts) < 0 or a.poll_ms <= 0
+            or min(a.fill + a.posts + a.warmup_posts, a.authors * a.author_posts) <= 2 * LIMIT):
+        p.error("counts >= 1, --big <= --authors, --big-followers > --pull-max; both readers "
+                f"need > {2 * LIMIT} posts (--fill + --posts, --authors x --author-posts)")
+    return a
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    b, a = Bench(args), args
+    res: dict[str, Any] = {
+        "command": cli.command_line("bench.feed_bench", a.argv).rstrip(), "utc": a.stamp,
+        "machine": common.machine_facts(), "code": a.code, "namespaces": [b.ns_a, b.ns_b],
+        "settings": {k: v for k, v in vars(a).items() if k not in ("argv", "code", "stamp")},
+        "cpu": b.cpu, "nodes": b.run.nodes}
+    try:
+        http = await b.start_node(b.ns_a, "A", {})
+        res["fanout_setup"] = await b.phase("fan-out setup", b.fanout_setup(http),
+                                            600 + a.followers * 0.2 + a.fill)
+        res["fanout"] = await b.phase("fan-out posts", b.fanout_measure(http),
+                                      300 * (a.posts + a.warmup_posts))
+        await b.settled(b.ns_a)
+        res["read_pushed"] = await b.phase("timeline reads 3a", b.reads(
+            http, b.ns_a, "f00000", b.fill_posts + b.main_posts, set()), 300 + a.repeat * 3)
+        res["read_pushed"]["setup"] = f"{a.fill} authors x 1 + {len(b.main_posts)} posts"
+        await b.run.stop_nodes(b.nodes[:1])
+        res["raw"] = await b.phase("raw store", b.raw_store(), 300 + a.raw_reps * a.followers / 50)
+        http = await b.start_node(b.ns_b, "B", {"IM_FEED_PUSH_MAX": str(a.pull_max)})
+        su = res["pull_setup"] = await b.phase("pull setup", b.pull_setup(http),
+                                               900 + a.authors * a.author_posts)
+        res["read_pulled"] = await b.phase("timeline reads 3b", b.reads(
+            http, b.ns_b, "r", b.reader_posts, b.pulled), 300 + a.repeat * 3)
+        res["read_pulled"]["setup"] = (f"{su['posts']} posts ({su['unpushed_posts']} unpushed) "
+                                       f"in {su['post_s']} s, {su['follows']} follows")
+    except Exception as exc:  # noqa: BLE001 - reported with what was measured
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        log(f"failed: {res['error']}")
+    finally:
+        res["cleanup"] = await b.close()
+        res["loadavg_at_end"] = os.getloadavg()
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cli.note_invocation(args, argv)
+    common.OUT_DIR.mkdir(parents=True, exist_ok=True)
+    try:
+        res = common.run_loop(run(args))
+    except KeyboardInterrupt:  # nodes stopped and namespaces cleaned on the way out
+        return 130
+    res["json"] = str(common.write_json(res, args.stamp, "feed"))
+    print(render(res))
+    return 1 if "error" in res else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,432 @@
+"""Group benchmark: the cost of one group message for 10, 1,000 and 10,000 members
+(flat above the write-diffusion threshold?) next to the naive per-member
+``HINCRBY`` design, and ``GET /v1/conversations`` for a user in 500 groups.
+
+Run from the repository root (it starts its own node in a fresh namespace, uses
+the local Redis / RabbitMQ / MongoDB-compatible server, and cleans up)::
+
+    .venv/bin/python -m bench.group_bench                 # sizes 10 1000 10000, 200 msgs
+    .venv/bin/python -m bench.group_bench --quick         # sizes 10 200 1000, 30 msgs
+
+1. **Cost per message**, per ``--sizes`` N: a group of N members (owner
+   included; one create + adds of <= 1,000 over HTTP); the owner sends over
+   WebSocket, ``--listeners`` members are connected and count their pushes.
+   ``--warmup-msgs`` sends (the first reported as *first send*), then
+   ``--messages`` sends one at a time, each waiting for its ack. Over those:
+   ack latency; Redis commands = delta of ``INFO commandstats`` calls summed
+   over all commands (commands run inside Lua count as well as the EVALSHA;
+   our own INFO left out), server-wide, so an idle window of the same length
+   right after (at most ``--idle-max`` s, scaled) gives the background (the
+   node's heartbeat), which is subtracted; Redis clients of other processes
+   active in either window (CLIENT LIST, matched to our processes' sockets in
+   /proc) make the attempt *noisy*, and it is repeated (``--attempts``), the
+   quietest kept. Mongo writes = write commands on the node's database (the
+   ``writeLock`` counts of SecantusDB's ``top``: insert, update,
+   findAndModify, delete; an ``insert_many`` of 10 documents is 1); Mongo
+   docs = growth of ``group_msgs`` + ``boxes``. CPU per message from /proc.
+   **Naive baseline**, same run, same Redis: per message one pipeline of
+   ``HINCRBY <prefix>:unread:{member} g:G 1`` per member in a throwaway key
+   prefix (deleted after each size): HINCRBY calls and time per message.
+2. **Conversations**: a user in ``--groups`` groups of 3, each with 2 messages
+   from another member (unread 2 and a last message each); a baseline user
+   with no group and ``--peers`` 1:1 conversations (2 messages each).
+   ``GET /v1/conversations`` (node default limit: 100 rows) ``--repeat``
+   times per user, sequentially, after 5 warm-up calls (the first is *cold*);
+   ``total_unread`` is checked on every answer.
+
+Output: markdown on stdout, JSON in ``bench/out/group-<UTC stamp>.json``, the
+node's log beside it. Only 127.0.0.1; every phase is bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from bench import cli, common
+from bench.cluster import Run
+from bench.group_support import (
+    Device,
+    Http,
+    Probe,
+    Pushes,
+    check_ack,
+    conv_rows,
+    cost_rows,
+    cpu_ms,
+    delta,
+    detail_rows,
+    flatness,
+    idle_rates,
+    ms,
+    naive_hincrby,
+    per_msg_costs,
+    send_twice,
+)
+from bench.report import fmt, header_lines, md_table
+from gateway.config import Settings
+
+TEXT = "hello from the group benchmark, a short line of text"
+CONV_WARMUP = 5
+
+
+def log(msg: str) -> None:
+    print(f"[group_bench] {msg}", file=sys.stderr, flush=True)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.run = Run(args)
+        self.ns = self.run.namespace("")
+        self.naive_prefix = self.run.base + "nv"
+        self.node: common.NodeProcess | None = None
+        self.http: Http | None = None
+        self.probe = Probe(args.redis_url, args.mongo_url, self.ns)
+        self.names = {os.getpid(): "load generator (this process)"}
+
+    async def start(self) -> None:
+        a = self.args
+        env = {**common.node_env(a, self.ns, self.run.secret), "IM_AMQP_URL": a.amqp_url,
+               "IM_GROUP_WRITE_DIFFUSION_MAX": str(a.wd_max)}
+        self.node = common.NodeProcess(env, common.OUT_DIR / f"group-{a.stamp}.log")
+        await self.node.start()
+        self.names[self.node.pid] = "gateway node"
+        self.http = Http(self.node.http_url, self.run.secret)
+
+    async def devices(self, users: list[str]) -> list[Device]:
+        assert self.node is not None
+        return list(await asyncio.gather(*(Device.open(self.node.ws_url, self.run.secret, u)
+                                           for u in users)))
+
+    # -- 1. cost per message -------------------------------------------------------
+    async def size_phase(self, size: int) -> dict[str, Any]:
+        a, http = self.args, self.http
+        assert http is not None and self.node is not None
+        owner, members = f"o{size}", [f"m{size}-{i}" for i in range(size - 1)]
+        mode = "write" if size <= a.wd_max else "read"
+        t = time.perf_counter()
+        group = await http.create_group(owner, f"bench {size}", members)
+        setup_s = time.perf_counter() - t
+        sender, *listeners = await self.devices([owner, *members[:a.listeners]])
+        try:
+            return await self._measure(size, mode, group, setup_s, sender, listeners, members)
+        finally:
+            await asyncio.gather(*(d.close() for d in (sender, *listeners)))
+            await common.delete_redis_keys(a.redis_url, self.naive_prefix)
+
+    async def _measure(self, size: int, mode: str, group: str, setup_s: float, sender: Device,
+                       listeners: list[Device], members: list[str]) -> dict[str, Any]:
+        first: float | None = None
+        for i in range(self.args.warmup_msgs):
+            t = time.perf_counter()
+            check_ack(await sender.group_send(group, f"w{i}", TEXT), "warm-up send")
+            first = first or time.perf_counter() - t
+        await asyncio.sleep(0.3)  # the warm-up's pushes
+        tries = await self.quietest(lambda k: self._attempt(k, group, sender, listeners))
+        res = {"size": size, "mode": mode, "group": group, "setup_s": round(setup_s, 2),
+               "first_send_ms": first and round(first * 1000, 2), **tries}
+        res["naive"] = await self._naive(group, [f"o{size}", *members], res["idle"])
+        return res
+
+    async def quietest(self, attempt: Any) -> dict[str, Any]:
+        """Up to ``--attempts`` runs of ``attempt(k)`` until one saw no foreign Redis
+        client; the one with the fewest, and how many each attempt saw."""
+        tries: list[dict[str, Any]] = []
+        for k in range(self.args.attempts):
+            tries.append(await attempt(k))
+            if not tries[-1]["foreign_clients"]:
+                break
+        best = min(tries, key=lambda t: len(t["foreign_clients"]))
+        return {**best, "attempts": [len(t["foreign_clients"]) for t in tries]}
+
+    async def _attempt(self, k: int, group: str, sender: Device, listeners: list[Device]
+                       ) -> dict[str, Any]:
+        n = self.args.messages
+        for d in listeners:
+            d.pushes = Pushes(counting=True)
+        docs0 = await self.probe.docs()
+        cpu0, c0 = common.cpu_snapshot(), await self.probe.counters()
+        lat: list[float] = []
+        errors: dict[str, int] = {}
+        seqs: list[int] = []
+        for i in range(n):
+            t = time.perf_counter()
+            reply = await sender.group_send(group, f"a{k}m{i}", TEXT)
+            if reply.get("op") == "ack":
+                lat.append(time.perf_counter() - t)
+                seqs.append(int(reply["seq"]))
+            else:
+                errors[str(reply.get("code"))] = errors.get(str(reply.get("code")), 0) + 1
+        c1, cpu1 = await self.probe.counters(), common.cpu_snapshot()
+        docs1 = await self.probe.docs()
+        await asyncio.sleep(0.5)  # pushes still on their way
+        for d in listeners:
+            d.pushes.counting = False
+        window = delta(c0, c1)
+        idle = await idle_rates(self.probe, min(window["seconds"], self.args.idle_max))
+        res = {"messages": n, "acked": len(lat), "errors": errors,
+               "seq_contiguous": bool(seqs) and seqs == list(range(seqs[0], seqs[0] + n)),
+               "ack": ms(common.latency_summary(lat), lat),
+               "window_s": round(window["seconds"], 3), "idle": idle,
+               **per_msg_costs(window, idle, n),
+               "docs_per_msg": {c: (docs1[c] - docs0[c]) / n for c in docs0},
+               "cpu_ms_per_msg": cpu_ms(cpu0, cpu1, n, self.names),
+               "foreign_clients": await self.foreign(time.perf_counter() - c0.wall)}
+        res["mongo_docs_per_msg"] = (res["docs_per_msg"]["group_msgs"]
+                                     + res["docs_per_msg"]["boxes"])
+        push_lat = [x for d in listeners for x in d.pushes.latency]
+        res["pushes"] = {"listeners": len(listeners), "expected": n * len(listeners),
+                         "received": sum(d.pushes.count for d in listeners),
+                         "latency": common.latency_summary(push_lat),
+                         "unexpected_frames": {k: v for d in (sender, *listeners)
+                                               for k, v in d.other.items()}}
+        return res
+
+    async def foreign(self, seconds: float) -> list[str]:
+        return await self.probe.foreign_clients(seconds, list(self.names))
+
+    async def _naive(self, group: str, members: list[str], idle: dict[str, Any]
+                     ) -> dict[str, Any]:
+        n = self.args.messages
+        c0 = await self.probe.counters()
+        took = await naive_hincrby(self.probe.redis, self.naive_prefix, group, members, n)
+        d = delta(c0, await self.probe.counters())
+        bg = sum(idle["redis"].values()) * d["seconds"]
+        return {"redis_cmds_per_msg": (sum(d["redis"].values()) - bg) / n,
+                "hincrby_per_msg": d["redis"].get("hincrby", 0) / n,
+                "foreign_clients": await self.foreign(d["seconds"]),
+                "time": ms(common.latency_summary(took), took)}
+
+    # -- 2. conversations ----------------------------------------------------------
+    async def conversations_phase(self) -> dict[str, Any]:
+        a, http = self.args, self.http
+        assert http is not None
+        main, base, helpers = "cv-main", "cv-base", min(10, a.groups)
+        t = time.perf_counter()
+        sem = asyncio.Semaphore(8)
+
+        async def make(i: int) -> tuple[int, str]:
+            async with sem:
+                return i, await http.create_group(f"cvh{i % helpers}", f"cv {i}",
+                                                  [main, f"cvx{i % helpers}"])
+
+        groups = await asyncio.gather(*(make(i) for i in range(a.groups)))
+        senders = await self.devices([f"cvh{j}" for j in range(helpers)])
+        peers = await self.devices([f"cvp{j}" for j in range(a.peers)])
+        try:
+            await asyncio.gather(*(send_twice(d, [g for i, g in groups if i % helpers == j], TEXT)
+                                   for j, d in enumerate(senders)))
+            for k in range(2):
+                for r in await asyncio.gather(*(p.send(base, f"b{k}", TEXT) for p in peers)):
+                    check_ack(r, "1:1 send")
+        finally:
+            await asyncio.gather(*(d.close() for d in (*senders, *peers)))
+        setup_s = time.perf_counter() - t
+        await asyncio.sleep(1.0)
+        idle = await idle_rates(self.probe, min(5.0, a.idle_max))
+        out = [await self._conv_block(main, a.groups, 0, 2 * a.groups, idle),
+               await self._conv_block(base, 0, a.peers, 2 * a.peers, idle)]
+        return {"setup_s": round(setup_s, 2), "idle": idle, "users": out}
+
+    async def _conv_block(self, user: str, groups: int, convs: int, expected: int,
+                          idle: dict[str, Any]) -> dict[str, Any]:
+        assert self.http is not None
+        c0 = await self.probe.counters()
+        cold, _ = await self.http.get(user, "/v1/conversations")
+        first = delta(c0, await self.probe.counters())
+        for _ in range(CONV_WARMUP - 1):
+            await self.http.get(user, "/v1/conversations")
+        best = await self.quietest(lambda _k: self._conv_attempt(user, expected, idle))
+        return {"user": user, "groups": groups, "one_to_one": convs,
+                "cold_ms": round(cold * 1000, 2), "cold_mongo": first["mongo"],
+                "cold_redis_cmds": sum(first["redis"].values()), **best}
+
+    async def _conv_attempt(self, user: str, expected: int, idle: dict[str, Any]
+                            ) -> dict[str, Any]:
+        assert self.http is not None
+        n = self.args.repeat
+        cpu0, c0 = common.cpu_snapshot(), await self.probe.counters()
+        lat: list[float] = []
+        sizes: list[int] = []
+        wrong: list[int] = []
+        rows = 0
+        for _ in range(n):
+            took, body = await self.http.get(user, "/v1/conversations")
+            lat.append(took)
+            sizes.append(len(body))
+            doc = orjson.loads(body)
+            rows = len(doc["conversations"])
+            if doc["total_unread"] != expected:
+                wrong.append(doc["total_unread"])
+        d = delta(c0, await self.probe.counters())
+        cpu1 = common.cpu_snapshot()
+        bg = sum(idle["redis"].values()) * d["seconds"]
+        return {"calls": n, "rows": rows, "bytes": max(sizes),
+                "latency": ms(common.latency_summary(lat), lat),
+                "expected_total_unread": expected,
+                "total_unread_ok": not wrong, "wrong_totals": sorted(set(wrong))[:5],
+                "redis_cmds_per_call": (sum(d["redis"].values()) - bg) / n,
+                "redis_top_per_call": sorted(((c, round(v / n, 2)) for c, v in
+                                              d["redis"].items()), key=lambda kv: -kv[1])[:4],
+                "mongo_ops_per_call": {c: round(v / n, 3) for c, v in d["mongo"].items()},
+                "cpu_ms_per_call": cpu_ms(cpu0, cpu1, n, self.names),
+                "foreign_clients": await self.foreign(time.perf_counter() - c0.wall)}
+
+    async def close(self) -> dict[str, Any]:
+        if self.http is not None:
+            await self.http.close()
+        if self.node is not None:
+            await self.run.stop_nodes([self.node])
+        try:
+            naive = await common.delete_redis_keys(self.args.redis_url, self.naive_prefix)
+        except Exception as exc:  # noqa: BLE001 - reported
+            naive = f"failed: {exc!r}"
+        await self.probe.close()
+        return {**await self.run.cleanup(), "naive_prefix_keys": naive}
+
+
+# -- report ------------------------------------------------------------------------
+def render(res: dict[str, Any]) -> str:
+    s, f, conv = res["settings"], res["flat"], res.get("conversations", {})
+    lines = header_lines("Group benchmark", res)
+    lines += [f"- node: {res.get('node_name', '-')}, namespace {res['namespace']}, "
+              f"IM_GROUP_WRITE_DIFFUSION_MAX={s['wd_max']}; Redis "
+              f"{res.get('servers', {}).get('redis_version')}, Mongo server "
+              f"{res.get('servers', {}).get('mongo_server')}",
+              f"- {s['messages']} messages per size, one at a time (each waits for its ack), "
+              f"after {s['warmup_msgs']} warm-up sends; {s['listeners']} members connected "
+              "per group", "- Redis cmds = `INFO commandstats` calls, Lua-internal calls included, "
+              "server-wide minus an idle window's background; *Redis quiet* = no other "
+              "process's Redis client was active (else the counts include theirs). Mongo "
+              "writes = write commands on the node's database (SecantusDB `top`), Mongo docs = "
+              "new `group_msgs` + `boxes` documents", "", "## 1. Cost of one group message", ""]
+    lines += md_table(["size", "mode", "ack p50/p99 ms", "Redis cmds/msg", "Mongo writes/msg",
+                       "Mongo docs/msg", "naive HINCRBY cmds/msg", "naive ms/msg",
+                       "Redis quiet"],
+                      cost_rows(res))
+    lines += [f"**Flat above the threshold: {f['verdict']}**" + (
+        f" ({f['sizes'][0]:,} vs {f['sizes'][1]:,} members: Redis cmds/msg x"
+        f"{fmt(f['ratios']['redis_cmds_per_msg'])}, Mongo writes/msg x"
+        f"{fmt(f['ratios']['mongo_writes_per_msg'])}, Mongo docs/msg x"
+        f"{fmt(f['ratios']['mongo_docs_per_msg'])}; flat = within 10%)" if "sizes" in f
+        else ""), ""]
+    lines += md_table(["size", "ack mean ms", "ack max ms", "first send ms", "node CPU ms/msg",
+                       "store CPU ms/msg", "Redis top cmds/msg", "Mongo writes/msg by collection",
+                       "pushes recv/exp", "push p50/p99 ms", "acked", "setup s"],
+                      detail_rows(res))
+    lines += ["## 2. GET /v1/conversations", ""]
+    lines += [f"error: {conv['error']}", ""] if "error" in conv else []
+    lines += md_table(["user", "rows", "bytes", "cold ms (1st call)", "p50 ms", "p99 ms", "max ms",
+                       "mean ms", "Redis cmds/call", "node CPU ms/call", "total_unread ok",
+                       "Redis quiet"],
+                      conv_rows(conv))
+    lines += ["## Node", ""]
+    for n in res.get("nodes", []):
+        lf = n["log_findings"]
+        lines.append(f"- exit code {n['exit_code']}, log `{n['log']}`: {lf['warnings']} "
+                     f"warnings, {lf['errors']} errors, {lf.get('tracebacks', 0)} tracebacks")
+        lines += [f"  - {t['count']} x {t['line']}" for t in lf["top"]]
+    return "\n".join(lines + [f"- cleanup: {res.get('cleanup')}", "",
+                              f"Results: `{res['json']}`"])
+
+
+# -- main ----------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.group_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[10, 1000, 10000],
+                   help="group sizes, owner included (default 10 1000 10000)")
+    for flag, kind, default, what in (
+            ("--messages", int, 200, "measured sends per size"),
+            ("--warmup-msgs", int, 5, "unmeasured sends first"),
+            ("--listeners", int, 3, "members connected per group"),
+            ("--idle-max", float, 15.0, "max seconds of each idle window"),
+            ("--attempts", int, 3, "tries of a measurement while other Redis clients are busy"),
+            ("--groups", int, 500, "groups of the conversations user"),
+            ("--peers", int, 20, "1:1 conversations of the baseline user"),
+            ("--repeat", int, 200, "GET /v1/conversations calls per user")):
+        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+    p.add_argument("--wd-max", type=int, default=Settings.group_write_diffusion_max,
+                   help="the node's IM_GROUP_WRITE_DIFFUSION_MAX (default: node default, "
+                   f"{Settings.group_write_diffusion_max})")
+    p.add_argument("--quick", action="store_true",
+                   help="sizes 10 200 1000, 30 messages, 50 groups, 30 calls")
+    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--amqp-url", default=common.DEFAULT_AMQP_URL)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.messages, args.groups, args.repeat = [10, 200, 1000], 30, 50, 30
+    for url in (args.mongo_url, args.redis_url, args.amqp_url):
+        if urlsplit(url).hostname not in cli.LOOPBACK:
+            p.error(f"{url}: only 127.0.0.1 is allowed")
+    if min(args.sizes) < 2 or max(args.sizes) > Settings.group_max_members or min(
+            args.messages, args.repeat, args.groups, args.peers, args.attempts) < 1 or min(
+            args.listeners, args.warmup_msgs, args.wd_max) < 0 or args.idle_max <= 0:
+        p.error("sizes 2..100000; --messages/--repeat/--groups/--peers/--attempts >= 1; "
+                "--listeners/--warmup-msgs/--wd-max >= 0; --idle-max > 0")
+    args.listeners = min(args.listeners, min(args.sizes) - 1)
+    return args
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    b = Bench(args)
+    res: dict[str, Any] = {
+        "command": cli.command_line("bench.group_bench", args.argv).rstrip(), "utc": args.stamp,
+        "machine": common.machine_facts(), "code": args.code, "namespace": b.ns,
+        "settings": {k: getattr(args, k) for k in (
+            "sizes", "messages", "warmup_msgs", "listeners", "idle_max", "attempts", "groups",
+            "peers", "repeat", "wd_max", "mongo_url", "redis_url")},
+        "sizes": [], "nodes": b.run.nodes}
+    try:
+        res["servers"] = await b.probe.info()
+        await b.start()
+        assert b.node is not None
+        res["node_name"], res["node_log"] = b.node.name, str(b.node.log_path)
+        for size in args.sizes:
+            budget = 300 + size / 20 + args.messages * (1 + size / 2000) + args.idle_max
+            try:
+                async with asyncio.timeout(budget):
+                    r = await b.size_phase(size)
+            except Exception as exc:  # noqa: BLE001 - reported; the other phases still run
+                r = {"size": size, "error": f"{type(exc).__name__}: {exc}"}
+            res["sizes"].append(r)
+            log(f"size {size}: " + (r.get("error") or f"ack p50 {r['ack']['p50_ms']} ms, "
+                f"redis {r['redis_cmds_per_msg']:.1f}/msg, mongo writes "
+                f"{r['mongo_writes_per_msg']:.2f}/msg"))
+        try:
+            async with asyncio.timeout(300 + args.groups * 0.5 + args.repeat * 2):
+                res["conversations"] = await b.conversations_phase()
+        except Exception as exc:  # noqa: BLE001 - reported
+            res["conversations"] = {"error": f"{type(exc).__name__}: {exc}"}
+        log("conversations: done")
+    finally:
+        res["cleanup"] = await b.close()
+    res["flat"] = flatness(res)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cli.note_invocation(args, argv)
+    common.OUT_DIR.mkdir(parents=True, exist_ok=True)
+    try:
+        res = common.run_loop(run(args))
+    except KeyboardInterrupt:  # the node was stopped and the namespace cleaned on the way out
+        return 130
+    res["json"] = str(common.write_json(res, args.stamp, "group"))
+    print(render(res))
+    failed = any("error" in r for r in res["sizes"]) or "error" in res.get("conversations", {})
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

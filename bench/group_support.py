@@ -1,0 +1,387 @@
+"""Parts of ``bench.group_bench``: a small WebSocket client that matches replies
+by ``re`` and counts ``group_msg`` pushes; the HTTP calls (one bearer token per
+user); the store counters read around a measured window (Redis ``INFO
+commandstats``, SecantusDB ``top`` of the namespace's database, document counts
+of its collections, Redis clients of other processes), idle background
+subtracted; CPU per operation; the naive per-member ``HINCRBY`` baseline; and
+the report's table rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+import httpx
+import orjson
+import redis.asyncio as aioredis
+from pymongo import AsyncMongoClient
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from bench import common
+from bench.report import fmt
+from gateway.auth import issue_token
+
+CHUNK = 1000  # members per create / add call (the API's limit)
+COLLECTIONS = ("group_msgs", "boxes", "groups", "group_members")
+REPLY_TIMEOUT_S = 30.0
+
+
+# -- WebSocket ---------------------------------------------------------------------
+@dataclass
+class Pushes:
+    """``group_msg`` pushes one device received while ``counting`` (latency from body.t)."""
+
+    counting: bool = False
+    count: int = 0
+    latency: list[float] = field(default_factory=list)
+
+
+class Device:
+    """One WebSocket of ``user``: ``request`` sends a frame and awaits its reply."""
+
+    def __init__(self, ws: ClientConnection, user: str) -> None:
+        self.ws, self.user = ws, user
+        self.pushes = Pushes()
+        self.other: dict[str, int] = {}  # unexpected frames (op[:code] -> count)
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._rid = 0
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def open(cls, ws_url: str, secret: str, user: str) -> Device:
+        token = issue_token(secret, user, 3600)
+        ws = await connect(f"{ws_url}?token={token}", compression=None, proxy=None,
+                           ping_interval=None, open_timeout=15, close_timeout=2,
+                           max_size=1 << 22)
+        return cls(ws, user)
+
+    async def _read(self) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for data in self.ws:
+                f = orjson.loads(data)
+                fut = self._waiting.pop(f.get("re"), None) if "re" in f else None
+                if fut is not None and not fut.done():
+                    fut.set_result(f)
+                elif f.get("op") == "group_msg":
+                    if self.pushes.counting:
+                        self.pushes.count += 1
+                        t = (f.get("body") or {}).get("t")
+                        if isinstance(t, float):
+                            self.pushes.latency.append(time.perf_counter() - t)
+                else:
+                    key = f"{f.get('op')}:{f.get('code')}" if f.get("op") == "error" else str(
+                        f.get("op"))
+                    self.other[key] = self.other.get(key, 0) + 1
+
+    async def request(self, frame: dict[str, Any]) -> dict[str, Any]:
+        self._rid += 1
+        frame["id"] = self._rid
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[self._rid] = fut
+        await self.ws.send(orjson.dumps(frame).decode())
+        try:
+            return await asyncio.wait_for(fut, REPLY_TIMEOUT_S)
+        finally:
+            self._waiting.pop(frame["id"], None)
+
+    async def group_send(self, group: str, cmid: str, text: str) -> dict[str, Any]:
+        return await self.request({"op": "group_send", "group": group, "cmid": cmid,
+                                   "body": {"t": time.perf_counter(), "text": text}})
+
+    async def send(self, to: str, cmid: str, text: str) -> dict[str, Any]:
+        return await self.request({"op": "send", "to": to, "cmid": cmid,
+                                   "body": {"t": time.perf_counter(), "text": text}})
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.ws.close()
+        self._reader.cancel()
+
+
+async def send_twice(dev: Device, groups: list[str], text: str) -> None:
+    """Two messages to each of ``groups``, up to 32 sends in flight."""
+    sem = asyncio.Semaphore(32)
+
+    async def one(g: str, k: int) -> None:
+        async with sem:
+            check_ack(await dev.group_send(g, f"{g}-{k}", text), "group send")
+
+    await asyncio.gather(*(one(g, k) for g in groups for k in range(2)))
+
+
+def check_ack(reply: dict[str, Any], what: str) -> dict[str, Any]:
+    if reply.get("op") != "ack":
+        raise RuntimeError(f"{what}: expected an ack, got {reply}")
+    return reply
+
+
+# -- HTTP --------------------------------------------------------------------------------
+class Http:
+    """The node's HTTP API as any user (tokens issued here, cached)."""
+
+    def __init__(self, base_url: str, secret: str) -> None:
+        self.secret = secret
+        self.client = httpx.AsyncClient(base_url=base_url, timeout=60, trust_env=False)
+        self._tokens: dict[str, str] = {}
+
+    def _auth(self, user: str) -> dict[str, str]:
+        if user not in self._tokens:
+            self._tokens[user] = issue_token(self.secret, user, 3600)
+        return {"Authorization": f"Bearer {self._tokens[user]}"}
+
+    async def post(self, user: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = await self.client.post(path, content=orjson.dumps(body),
+                                   headers={**self._auth(user),
+                                            "Content-Type": "application/json"})
+        if r.status_code != 200:
+            raise RuntimeError(f"POST {path} as {user}: {r.status_code} {r.text[:300]}")
+        return orjson.loads(r.content)
+
+    async def get(self, user: str, path: str) -> tuple[float, bytes]:
+        """(seconds, body) of one GET; raises unless 200."""
+        t = time.perf_counter()
+        r = await self.client.get(path, headers=self._auth(user))
+        took = time.perf_counter() - t
+        if r.status_code != 200:
+            raise RuntimeError(f"GET {path} as {user}: {r.status_code} {r.text[:300]}")
+        return took, r.content
+
+    async def create_group(self, owner: str, name: str, members: list[str]) -> str:
+        """A group of ``owner`` + ``members``: one create, then adds of <= CHUNK."""
+        first, rest = members[:CHUNK - 1], members[CHUNK - 1:]
+        group = (await self.post(owner, "/v1/groups", {"name": name, "members": first}))["group"]
+        for i in range(0, len(rest), CHUNK):
+            await self.post(owner, f"/v1/groups/{group}/members",
+                            {"members": rest[i:i + CHUNK]})
+        return str(group)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+# -- store counters ----------------------------------------------------------------------
+@dataclass
+class Counters:
+    """Counters at one moment."""
+
+    wall: float
+    redis: dict[str, int]  # command -> calls, server-wide (our own INFO left out)
+    mongo: dict[str, int]  # "collection.kind" -> count, our database only (``top``)
+
+
+def socket_ports(pids: list[int]) -> set[int]:
+    """Local TCP ports of the sockets these processes hold (from /proc)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        inodes.add(link[8:-1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if len(f) > 9 and f[9] in inodes:
+                    ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+class Probe:
+    """Redis commandstats, SecantusDB ``top`` of our database, our documents, and
+    Redis clients of other processes."""
+
+    def __init__(self, redis_url: str, mongo_url: str, db_name: str) -> None:
+        self.redis = aioredis.Redis.from_url(redis_url, socket_timeout=30)
+        self.mongo: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            mongo_url, serverSelectionTimeoutMS=5000)
+        self.db = self.mongo[db_name]
+
+    async def counters(self) -> Counters:
+        stats = await self.redis.info("commandstats")
+        calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+        calls.pop("info", None)  # this probe's own INFO
+        top = (await self.mongo.admin.command("top"))["totals"]
+        prefix = self.db.name + "."
+        ops = {f"{ns.removeprefix(prefix)}.{kind}": int(v["count"])
+               for ns, d in top.items() if ns.startswith(prefix)
+               for kind, v in d.items() if isinstance(v, dict) and kind != "total"}
+        return Counters(time.perf_counter(), calls, ops)
+
+    async def foreign_clients(self, seconds: float, pids: list[int]) -> list[str]:
+        """Redis clients not of ``pids`` that ran a command or connected in the
+        last ``seconds`` (CLIENT LIST ``idle`` / ``age``, whole seconds)."""
+        ours, out = socket_ports(pids), []
+        for c in await self.redis.client_list():
+            with contextlib.suppress(KeyError, ValueError):
+                port = int(c["addr"].rsplit(":", 1)[1])
+                if port not in ours and min(int(c["idle"]), int(c["age"])) <= seconds:
+                    out.append(f"{c['addr']} {c.get('cmd')}")
+        return out
+
+    async def docs(self) -> dict[str, int]:
+        return {c: await self.db[c].count_documents({}) for c in COLLECTIONS}
+
+    async def info(self) -> dict[str, Any]:
+        server = await self.redis.info("server")
+        status = await self.mongo.admin.command("serverStatus")
+        return {"redis_version": server.get("redis_version"),
+                "mongo_server": status.get("secantus") or {"version": status.get("version")}}
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        await self.mongo.close()
+
+
+def delta(before: Counters, after: Counters) -> dict[str, Any]:
+    """Redis calls per command and our Mongo collections' counts between two readings."""
+    redis = {k: v - before.redis.get(k, 0) for k, v in after.redis.items()}
+    mongo = {k: v - before.mongo.get(k, 0) for k, v in after.mongo.items()}
+    return {"seconds": after.wall - before.wall,
+            "redis": {k: v for k, v in redis.items() if v},
+            "mongo": {k: v for k, v in mongo.items() if v}}
+
+
+def mongo_writes(ops: dict[str, float]) -> float:
+    """Write commands (``top`` writeLock: insert, update, findAndModify, delete)."""
+    return sum(v for k, v in ops.items() if k.endswith(".writeLock"))
+
+
+async def idle_rates(probe: Probe, seconds: float) -> dict[str, Any]:
+    """Per-second background counts over an idle window."""
+    c0 = await probe.counters()
+    await asyncio.sleep(seconds)
+    d = delta(c0, await probe.counters())
+    s = d["seconds"]
+    return {"seconds": round(s, 2),
+            "redis": {k: v / s for k, v in d["redis"].items()},
+            "mongo": {k: v / s for k, v in d["mongo"].items()}}
+
+
+def per_msg_costs(window: dict[str, Any], idle: dict[str, Any], n: int) -> dict[str, Any]:
+    """Per message, background (idle rate x window length) subtracted."""
+    s = window["seconds"]
+    redis = {k: (v - idle["redis"].get(k, 0.0) * s) / n for k, v in window["redis"].items()}
+    mongo = {k: (v - idle["mongo"].get(k, 0.0) * s) / n for k, v in window["mongo"].items()}
+    top = sorted(redis.items(), key=lambda kv: -kv[1])[:8]
+    return {"redis_raw": window["redis"], "mongo_raw": window["mongo"],
+            "redis_cmds_per_msg": sum(redis.values()),
+            "redis_background_per_msg": sum(idle["redis"].values()) * s / n,
+            "redis_top_per_msg": [[k, round(v, 2)] for k, v in top],
+            "mongo_ops_per_msg": {k: round(v, 3) for k, v in mongo.items() if v},
+            "mongo_writes_per_msg": mongo_writes(mongo)}
+
+
+def ms(summary: dict[str, Any], samples: list[float]) -> dict[str, Any]:
+    """``common.latency_summary`` plus the mean."""
+    return {**summary, "mean_ms": round(fmean(samples) * 1000, 2) if samples else None}
+
+
+def cpu_ms(before: common.CpuSnapshot, after: common.CpuSnapshot, n: int,
+           names: dict[int, str]) -> list[dict[str, Any]]:
+    """CPU milliseconds per operation of the busiest processes over a window."""
+    rep = common.cpu_report(before, after, names, top=5)
+    wall = after.wall - before.wall
+    return [{"what": p["what"], "pid": p["pid"],
+             "ms_per_op": round(p["cores"] * wall * 1000 / n, 3)} for p in rep["top"]]
+
+
+# -- the naive design: one HINCRBY per member per message ----------------------------------
+async def naive_hincrby(r: aioredis.Redis, prefix: str, group: str, members: list[str],
+                        messages: int) -> list[float]:
+    """Per message, one pipeline of ``HINCRBY <prefix>:unread:{member} g:<group> 1`` for
+    every member; returns the seconds each message's pipeline took."""
+    keys = [f"{prefix}:unread:{{{m}}}" for m in members]
+    field_ = f"g:{group}"
+    took: list[float] = []
+    for _ in range(messages):
+        t = time.perf_counter()
+        pipe = r.pipeline(transaction=False)
+        for k in keys:
+            pipe.hincrby(k, field_, 1)
+        await pipe.execute()
+        took.append(time.perf_counter() - t)
+    return took
+
+
+# -- report rows -----------------------------------------------------------------------
+def flatness(res: dict[str, Any]) -> dict[str, Any]:
+    """The two biggest read-diffusion sizes: Redis cmds/msg and Mongo writes/msg within 10%."""
+    rows = sorted((r for r in res["sizes"] if r.get("mode") == "read" and "error" not in r),
+                  key=lambda r: r["size"])[-2:]
+    if len(rows) < 2:
+        return {"verdict": "n/a (fewer than two sizes above the threshold)"}
+    lo, hi = rows
+    ratios = {k: (hi[k] / lo[k] if lo[k] else None)
+              for k in ("redis_cmds_per_msg", "mongo_writes_per_msg", "mongo_docs_per_msg")}
+    flat = all(r is not None and 0.9 <= r <= 1.1 for k, r in ratios.items()
+               if k != "mongo_docs_per_msg")
+    noisy = [r["size"] for r in rows if r["foreign_clients"]]
+    return {"sizes": [lo["size"], hi["size"]], "ratios": ratios, "noisy_sizes": noisy,
+            "verdict": ("yes" if flat else "no") + (" (other Redis clients were active: "
+                                                    "Redis counts uncertain)" if noisy else "")}
+
+
+def _quiet(r: dict[str, Any]) -> str:
+    n, tries = len(r["foreign_clients"]), len(r["attempts"])
+    if n:
+        return f"NO: {n} other clients ({tries} tries)"
+    return "yes" + (f" (try {tries})" if tries > 1 else "")
+
+
+def cost_rows(res: dict[str, Any]) -> list[list[Any]]:
+    rows = []
+    for r in res["sizes"]:
+        if "error" in r:
+            rows.append([r["size"], "error: " + r["error"][:80]] + ["-"] * 7)
+            continue
+        nv = r["naive"]
+        rows.append([r["size"], f"{r['mode']} diffusion",
+                     f"{fmt(r['ack']['p50_ms'])} / {fmt(r['ack']['p99_ms'])}",
+                     round(r["redis_cmds_per_msg"], 1), round(r["mongo_writes_per_msg"], 2),
+                     round(r["mongo_docs_per_msg"], 2), round(nv["hincrby_per_msg"], 1),
+                     nv["time"]["mean_ms"], _quiet(r)])
+    return rows
+
+
+def _cpu(entries: list[dict[str, Any]], prefix: str) -> float:
+    return next((c["ms_per_op"] for c in entries if c["what"].startswith(prefix)), 0.0)
+
+
+def detail_rows(res: dict[str, Any]) -> list[list[Any]]:
+    rows = []
+    for r in (r for r in res["sizes"] if "error" not in r):
+        p, cpu = r["pushes"], r["cpu_ms_per_msg"]
+        ops = ", ".join(f"{k.removesuffix('.writeLock')} {v:g}"
+                        for k, v in r["mongo_ops_per_msg"].items() if k.endswith(".writeLock"))
+        rows.append([r["size"], r["ack"]["mean_ms"], r["ack"]["max_ms"], r["first_send_ms"],
+                     _cpu(cpu, "gateway node"), _cpu(cpu, "secantus"),
+                     ", ".join(f"{k} {v:g}" for k, v in r["redis_top_per_msg"][:5]), ops,
+                     f"{p['received']}/{p['expected']}",
+                     f"{fmt(p['latency']['p50_ms'])} / {fmt(p['latency']['p99_ms'])}",
+                     f"{r['acked']}/{r['messages']}, seq " + (
+                         "ok" if r["seq_contiguous"] else "GAPS"), r["setup_s"]])
+    return rows
+
+
+def conv_rows(conv: dict[str, Any]) -> list[list[Any]]:
+    def finds(u: dict[str, Any]) -> int:
+        return sum(v for k, v in u["cold_mongo"].items() if k.endswith(".queries"))
+
+    return [[f"{u['groups']} groups, {u['one_to_one']} 1:1", u["rows"], u["bytes"],
+             f"{fmt(u['cold_ms'])} ({finds(u)} Mongo finds)",
+             u["latency"]["p50_ms"], u["latency"]["p99_ms"], u["latency"]["max_ms"],
+             u["latency"]["mean_ms"], round(u["redis_cmds_per_call"], 1),
+             _cpu(u["cpu_ms_per_call"], "gateway node"),
+             ("yes" if u["total_unread_ok"] else f"NO {u['wrong_totals']}")
+             + f" ({u['expected_total_unread']})", _quiet(u)] for u in conv.get("users", [])]
