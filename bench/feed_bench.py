@@ -1,30 +1,22 @@
-"""Feed benchmark: push fan-out to 5,000 followers next to the store's own insert
-speed, and the first timeline pages of a pushed reader and of one with pulled authors.
+"""Feed benchmark: fan-out to 5,000 followers against the store's own speed, and the
+first timeline pages of a pushed reader and of one following pulled authors.
 
-    .venv/bin/python -m bench.feed_bench            # 5,000 followers, 10 posts, 200 reads
-    .venv/bin/python -m bench.feed_bench --quick    # 500 followers, 3 posts, 30 reads
+    .venv/bin/python -m bench.feed_bench [--quick]
 
-1. **Fan-out** (node A, default IM_FEED_PUSH_MAX): ``--followers`` follow the author
-   (HTTP, 50 at a time; setup is not timed), ``f00000`` also follows ``--fill`` authors
-   who post once each. Then ``--warmup-posts`` + ``--posts`` posts, one at a time:
-   *POST* = request -> response; *all timelines* = request -> the post's ``fanout``
-   is ``done`` (``find_one`` every ``--poll-ms``), after which the exact expected
-   ``timelines`` ids (followers + the author's own) are counted.
-2. **Raw store**, no node running: ``--raw-reps`` x per 1,000 followers, as a fan-out
-   does: read the ``fans`` page, ``insert_many`` 1,000 timeline docs (ordered=False,
-   w=majority, j=true, the node's index; scratch database), a Redis pipeline of 1,000
-   HINCRBY (scratch key); each part timed.
-3. **Timeline reads**: ``--repeat`` x (page 1 of 50, page 2 by its cursor), after 5
-   warm-up calls (the first is *cold*); every page is compared with the expected ids.
-   (a) ``f00000`` on node A. (b) node B, IM_FEED_PUSH_MAX=``--pull-max``: a reader of
-   ``--authors`` authors x ``--author-posts`` posts (round-robin), ``--big`` of them
-   pulled (``--big-followers`` followers each), placed so pulled posts land on both
-   pages. Nodes run IM_FEED_SETTLE_S=``--settle``; reads start when no fan-out is
-   pending and the settle window has passed (steady state). Each store call of the
-   node's first-page read is then replayed alone (20 x, the node's store classes).
-
-Markdown on stdout, JSON in ``bench/out/feed-<UTC stamp>.json``, node logs beside it;
-CPU per phase in cores (1.0 = one core). Only 127.0.0.1; every phase is bounded.
+1. Fan-out (node A, default IM_FEED_PUSH_MAX): ``--followers`` follow the author
+   (HTTP, 50 at a time, untimed). ``--warmup-posts`` + ``--posts`` posts one at a time:
+   POST = request -> response; all timelines = request -> ``posts.fanout == "done"``
+   (``find_one`` every ``--poll-ms``), then its ``timelines`` entries are counted.
+2. Raw store, no node running: per 1,000 followers what a fan-out does - read the
+   ``fans`` page, ``insert_many`` 1,000 timeline docs (ordered=False, w=majority,
+   j=true, the node's index, scratch database), a Redis pipeline of 1,000 HINCRBY.
+3. Timeline reads, ``--repeat`` x (page 1 of 50, page 2 by its cursor), each page
+   compared with the expected ids. (a) a follower who also follows ``--fill`` one-post
+   authors; (b) node B (IM_FEED_PUSH_MAX=``--pull-max``): a reader of ``--authors``
+   x ``--author-posts`` posts, ``--big`` authors pulled (``--big-followers`` each).
+   Nodes run IM_FEED_SETTLE_S=``--settle``; reads start when no fan-out is pending
+   and that window has passed (steady state). Each store call of the read is then
+   replayed alone (20 x). Markdown on stdout, JSON in bench/out/feed-<stamp>.json.
 """
 
 from __future__ import annotations
@@ -76,18 +68,30 @@ class Http:
     """The node's HTTP API as any user (tokens issued here, cached)."""
 
     def __init__(self, base_url: str, secret: str) -> None:
-        self.secret, self.tokens = secret, {}
+        self.secret, self.tokens, self.retries = secret, {}, 0
+        # Idle connections are dropped before uvicorn's 5 s keep-alive closes them (a
+        # request racing that close fails with ReadError).
         self.client = httpx.AsyncClient(base_url=base_url, timeout=60, trust_env=False,
-                                        limits=httpx.Limits(max_connections=CONCURRENCY))
+                                        limits=httpx.Limits(max_connections=CONCURRENCY,
+                                                            keepalive_expiry=2))
 
     async def call(self, method: str, user: str, path: str, body: Any = None
                    ) -> tuple[float, Any]:
         """(seconds, decoded answer); raises unless 200."""
         if user not in self.tokens:
             self.tokens[user] = issue_token(self.secret, user, 3600)
-        t, content = time.perf_counter(), None if body is None else orjson.dumps(body)
-        r = await self.client.request(method, path, content=content, headers={
-            "Authorization": f"Bearer {self.tokens[user]}", "Content-Type": "application/json"})
+        headers = {"Authorization": f"Bearer {self.tokens[user]}",
+                   "Content-Type": "application/json"}
+        for attempt in range(3):  # a retry is counted (and reported); its time is not
+            t, content = time.perf_counter(), None if body is None else orjson.dumps(body)
+            try:
+                r = await self.client.request(method, path, content=content, headers=headers)
+                break
+            except httpx.TransportError as exc:
+                self.retries += 1
+                log(f"{method} {path}: {type(exc).__name__} {exc}; retrying")
+                if attempt == 2:
+                    raise
         took = time.perf_counter() - t
         if r.status_code != 200:
             raise RuntimeError(f"{method} {path} as {user}: {r.status_code} {r.text[:300]}")
@@ -121,9 +125,7 @@ class Bench:
         self.mongo = connect_mongo(args.mongo_url, 60)
         self.redis = aioredis.Redis.from_url(args.redis_url, socket_timeout=30)
         self.names = {os.getpid(): "feed_bench (this process)"}
-        self.nodes: list[common.NodeProcess] = []
-        self.https: list[Http] = []
-        self.cpu: list[dict[str, Any]] = []
+        self.nodes, self.https, self.cpu = [], [], []  # NodeProcess, Http, phase CPU
 
     async def start_node(self, ns: str, label: str, extra: dict[str, str]) -> Http:
         a = self.args
@@ -181,7 +183,6 @@ class Bench:
 
     async def fanout_measure(self, http: Http) -> dict[str, Any]:
         a, db = self.args, self.mongo[self.ns_a]
-        users = [f"f{i:05d}" for i in range(a.followers)] + ["au"]
         rows: list[dict[str, Any]] = []
         self.main_posts: list[int] = []
         for i in range(a.warmup_posts + a.posts):
@@ -195,19 +196,18 @@ class Bench:
                         break
                     await asyncio.sleep(a.poll_ms / 1000)
             done_s = time.perf_counter() - t0
-            have = await db.timelines.count_documents(
-                {"_id": {"$in": [tl_id(u, post) for u in users]}})
+            have = await db.timelines.count_documents({"p": post})  # ({_id: {$in}}: 12 s)
             self.main_posts.append(post)
             rows.append({"post": post, "warmup": i < a.warmup_posts, "post_ms": ms(post_s),
                          "all_timelines_ms": ms(done_s), "polls": polls, "entries": have})
             log(f"post {i}: POST {post_s * 1000:.0f} ms, all timelines {done_s:.2f} s, "
-                f"{have}/{len(users)} entries")
+                f"{have}/{a.followers + 1} entries")
             await asyncio.sleep(0.2)
         measured = [r for r in rows if not r["warmup"]]
         done = [r["all_timelines_ms"] / 1000 for r in measured]
         return {"posts": rows, "post": summary([r["post_ms"] / 1000 for r in measured]),
-                "all_timelines": summary(done), "expected_entries": len(users),
-                "complete": all(r["entries"] == len(users) for r in rows),
+                "all_timelines": summary(done), "expected_entries": a.followers + 1,
+                "complete": all(r["entries"] == a.followers + 1 for r in rows),
                 "speedup_vs_seed_002": round(SEED_002_S / statistics.fmean(done), 1)}
 
     # -- 2. raw store -----------------------------------------------------------------
@@ -228,17 +228,16 @@ class Bench:
                 after, pipe = chunk[-1], self.redis.pipeline(transaction=False)
                 for u in chunk:
                     pipe.hincrby(scratch, u, 1)
-                t["insert"] += await timed(lambda c=chunk, p=post: coll.insert_many(
-                    [{"_id": tl_id(u, p), "u": u, "p": p, "a": "au"} for u in c], ordered=False))
+                docs = [{"_id": tl_id(u, post), "u": u, "p": post, "a": "au"} for u in chunk]
+                t["insert"] += await timed(lambda d=docs: coll.insert_many(d, ordered=False))
                 t["redis"] += await timed(pipe.execute)
             reps.append(t)
-        docs = await coll.count_documents({})
         await self.mongo.drop_database(self.raw_db)
         await self.redis.delete(scratch)
         out = {k: summary([r[k] for r in reps]) for k in ("fans_read", "insert", "redis")}
-        out["total"] = summary([sum(r.values()) for r in reps])
-        return {**out, "docs": docs // len(reps),
-                "docs_per_s": round(docs / sum(r["insert"] for r in reps), 1)}
+        return {**out, "total": summary([sum(r.values()) for r in reps]),
+                "docs": self.args.followers, "docs_per_s": round(
+                    self.args.followers * len(reps) / sum(r["insert"] for r in reps), 1)}
 
     # -- 3. timeline reads -------------------------------------------------------------
     async def reads(self, http: Http, ns: str, user: str, expected: list[int],
@@ -248,13 +247,11 @@ class Bench:
         cold, _ = await http.call("GET", user, path)
         for _ in range(5):
             await http.call("GET", user, path)
-        times: tuple[list[float], list[float]] = ([], [])
-        bad: list[str] = []
+        times, bad = ([], []), []
         for _ in range(self.args.repeat):
             cursor = None
             for k in (0, 1):
-                took, body = await http.call("GET", user, path + (k and f"&cursor={cursor}"
-                                                                  or ""))
+                took, body = await http.call("GET", user, path + f"&cursor={cursor}" * k)
                 times[k].append(took)
                 ids, cursor = [p["id"] for p in body["posts"]], body["cursor"]
                 if ids != pages[k] and len(bad) < 5:
@@ -279,27 +276,27 @@ class Bench:
         horizon = mid_for_time_ms(int((time.time() - self.args.settle) * 1000))
         raw = await store.timeline_page(user, floor, None, 2 * want)
         docs = list((await store.get_posts([p for p, _ in raw[:LIMIT]])).values())
-        steps: list[tuple[str, bool, Callable[[], Awaitable[Any]]]] = [
-            ("redis: following set", True, lambda: cache.following(user)),
-            ("redis: floor + pull_max", True, lambda: asyncio.gather(
-                cache.floor(user), cache.pull_max(authors))),
-            (f"mongo: timeline window (_id range, limit {2 * want})", True,
+        steps: list[tuple[str, Any, bool, Callable[[], Awaitable[Any]]]] = [
+            ("redis: following, floor, pull_max (parallel)", len(authors), True,
+             lambda: asyncio.gather(cache.following(user), cache.floor(user),
+                                    cache.pull_max(authors))),
+            ("mongo: timeline window (_id range, limit 102)", len(raw), True,
              lambda: store.timeline_page(user, floor, None, 2 * want)),
-            (f"mongo: unpushed posts of {len(pulls)} pulled authors (parallel)", bool(pulls),
+            ("mongo: unpushed posts per pulled author (parallel)", len(pulls), bool(pulls),
              lambda: asyncio.gather(*(store.posts_page({**top, "author": a, "pushed": False},
                                                        None, want) for a in pulls))),
-            (f"mongo: posts > settle horizon ($in {len(authors)} authors)", True,
+            ("mongo: posts newer than settle horizon (author $in)", len(authors), True,
              lambda: store.posts_page(every, None, want, after=horizon)),
-            (f"mongo: authors' posts ($in {len(authors)}; if window short)",
+            ("mongo: authors' posts (author $in; window short)", len(authors),
              len(raw) < 2 * want, lambda: store.posts_page(every, None, want)),
-            (f"mongo: get_posts({len(docs)} ids)", True,
+            ("mongo: get_posts (_id $in)", len(docs), True,
              lambda: store.get_posts([d["_id"] for d in docs])),
-            (f"redis: counts of {len(docs)} posts (Lua pipeline)", True,
+            ("redis: counts of the page (Lua pipeline)", len(docs), True,
              lambda: cache.counts(docs))]
         out = []
-        for label, used, step in steps:
+        for label, n, used, step in steps:
             samples = [await timed(step) for _ in range(reps)]
-            out.append({"query": label, "in_read": used, "max_ms": ms(max(samples)),
+            out.append({"query": label, "n": n, "in_read": used, "max_ms": ms(max(samples)),
                         "p50_ms": ms(statistics.median(samples))})
         return out
 
@@ -378,22 +375,26 @@ def render(res: dict[str, Any]) -> str:
             ["insert docs/s", r["docs_per_s"]],
             ["fan-out p50 / raw (all three) p50", round(
                 f["all_timelines"]["p50_ms"] / r["total"]["p50_ms"], 2) if f else "-"]])
-    for key, title in (("read_pushed", "3a. Timeline of a follower (all pushed)"),
-                       ("read_pulled", f"3b. Timeline, {s['authors']} authors, {s['big']} "
-                        f"pulled ({s['big_followers']} followers > {s['pull_max']})")):
-        if t := res.get(key):
-            lines += [f"## {title}", ""] + md_table(["", "value"], [
-                ["timeline posts / setup", f"{t['timeline_posts']} / {t.get('setup', '-')}"],
-                ["cold first call (ms)", t["cold_ms"]],
-                ["page 1 p50 / mean / p99 / max (ms)", _lat(t["page1"])],
-                ["page 2 p50 / mean / p99 / max (ms)", _lat(t["page2"])],
-                ["pulled posts on page 1 / 2", " / ".join(map(str, t["pulled_on_page"]))],
-                ["pages checked / problems",
-                 f"{2 * t['page1']['count']} / {'; '.join(t['problems']) or 'none'}"]])
-            lines += ["Store calls of a first-page read, each replayed alone (20 runs):", ""]
-            lines += md_table(["call", "p50 ms", "max ms", "in this read?"], [
-                [q["query"], q["p50_ms"], q["max_ms"], "yes" if q["in_read"] else "no"]
-                for q in t["queries"]])
+    reads = [t for t in (res.get("read_pushed"), res.get("read_pulled")) if t]
+    if reads:
+        lines += ["## 3. Timeline reads (ms: p50 / mean / p99 / max)", ""]
+        lines += md_table(["", "3a. follower (all pushed)", f"3b. {s['authors']} authors, "
+                           f"{s['big']} pulled ({s['big_followers']} followers > "
+                           f"{s['pull_max']})"][:len(reads) + 1], [[label] + [get(t) for t in reads]
+            for label, get in (
+                ("timeline posts", lambda t: f"{t['timeline_posts']}: {t.get('setup', '-')}"),
+                ("cold first call", lambda t: t["cold_ms"]),
+                ("page 1 (limit 50)", lambda t: _lat(t["page1"])),
+                ("page 2 (cursor)", lambda t: _lat(t["page2"])),
+                ("pulled posts on page 1 / 2", lambda t: " / ".join(map(str, t["pulled_on_page"]))),
+                ("pages checked / problems", lambda t: f"{2 * t['page1']['count']} / "
+                 f"{'; '.join(t['problems']) or 'none'}"))])
+        lines += ["Store calls of one first-page read, each replayed alone 20 x "
+                  "(ms: p50 / max; \"-\" = not part of this read):", ""]
+        lines += md_table(["call"] + [f"3{'ab'[i]}" for i in range(len(reads))], [
+            [q["query"]] + [f"{t['queries'][i]['n']}: {fmt(t['queries'][i]['p50_ms'])} / "
+                            f"{fmt(t['queries'][i]['max_ms'])}" if t["queries"][i]["in_read"]
+                            else "-" for t in reads] for i, q in enumerate(reads[0]["queries"])])
     lines += ["## CPU by phase (cores)", ""] + md_table(
         ["phase", "s", "machine busy %", "top processes", "others (not ours, not servers)"],
         [[c["phase"], c["seconds"], c["machine_busy_pct"],
@@ -405,7 +406,8 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"- node log `{n['log']}`: exit {n['exit_code']}, {lf['warnings']} warnings"
                      f", {lf['errors']} errors, {lf['tracebacks']} tracebacks"
                      + "".join(f"; {t['count']}x {t['line'][:120]}" for t in lf["top"][:3]))
-    return "\n".join(lines + [f"- results: `{res.get('json')}`"])
+    return "\n".join(lines + [f"- HTTP requests retried after a transport error: "
+                               f"{res['http_retries']}", f"- results: `{res.get('json')}`"])
 
 
 # -- main ------------------------------------------------------------------------------
@@ -438,10 +440,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for url in (a.mongo_url, a.redis_url, a.amqp_url):
         if urlsplit(url).hostname not in cli.LOOPBACK:
             p.error(f"{url}: only 127.0.0.1 is allowed")
-    if (min(a.followers, a.posts, a.repeat, a.raw_reps, a.big, a.author_posts) < 1
-            or a.big > a.authors or a.big_followers <= a.pull_max or a.followers > 100_000
-            or min(a.settle, a.warmup_posts) < 0 or a.poll_ms <= 0
-            or min(a.fill + a.posts + a.warmup_posts, a.authors * a.author_posts) <= 2 * LIMIT):
+    if (min(a.followers, a.posts, a.repeat, a.raw_reps, a.big, a.author_posts, a.poll_ms) <= 0
+            or a.big > a.authors or a.big_followers <= a.pull_max or min(a.settle, a.warmup_posts)
+            < 0 or min(a.fill + a.posts + a.warmup_posts, a.authors * a.author_posts) <= 2 * LIMIT):
         p.error("counts >= 1, --big <= --authors, --big-followers > --pull-max; both readers "
                 f"need > {2 * LIMIT} posts (--fill + --posts, --authors x --author-posts)")
     return a
@@ -477,6 +478,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         res["error"] = f"{type(exc).__name__}: {exc}"
         log(f"failed: {res['error']}")
     finally:
+        res["http_retries"] = sum(h.retries for h in b.https)
         res["cleanup"] = await b.close()
         res["loadavg_at_end"] = os.getloadavg()
     return res

@@ -164,21 +164,21 @@ class FeedService:
         authors = await self.cache.following(user) | {user}
         want = limit + 1
         floor = await self.cache.floor(user)
-        top = {"reply_to": None, "deleted": False}
+        top = {"reply_to": None, "deleted": False}  # checked on the documents, not queried
         raw = await self.store.timeline_page(user, floor, cursor, 2 * want)
         window = {p for p, a in raw if a in authors}
         # A truncated window only vouches for ids down to its last raw entry.
         bound = raw[-1][0] if len(raw) == 2 * want else None
         pulls = await self.cache.pull_max(authors)
         horizon = mid_for_time_ms(int((time.time() - self.settings.feed_settle_s) * 1000))
-        queries = [self.store.posts_page({**top, "author": a, "pushed": False}, cursor, want)
-                   for a in pulls]
+        queries = [self.store.posts_page({"author": a}, cursor, want,
+                                         where={**top, "pushed": False}) for a in pulls]
+        everyone = {"author": {"$in": sorted(authors)}}
         if cursor is None or cursor > horizon:
-            queries.append(self.store.posts_page({**top, "author": {"$in": sorted(authors)}},
-                                                 cursor, want, after=horizon))
+            queries.append(self.store.posts_page(everyone, cursor, want, after=horizon,
+                                                 where=top))
         if bound is None:
-            queries.append(self.store.posts_page({**top, "author": {"$in": sorted(authors)}},
-                                                 cursor, want))
+            queries.append(self.store.posts_page(everyone, cursor, want, where=top))
         docs = {d["_id"]: d for page in await asyncio.gather(*queries) for d in page}
         ids = sorted(window | set(docs), reverse=True)
         if bound is not None:
@@ -195,13 +195,17 @@ class FeedService:
 
     async def posts_of(self, query: dict[str, Any], cursor: int | None, limit: int
                        ) -> dict[str, Any]:
-        docs = await self.store.posts_page({**query, "deleted": False}, cursor, limit + 1)
+        docs = await self.store.posts_page(query, cursor, limit + 1, where={"deleted": False})
         more = len(docs) > limit
         docs = docs[:limit]
         return {"posts": await self.shape(docs), "cursor": docs[-1]["_id"] if more else None}
 
     async def user_posts(self, user: str, cursor: int | None, limit: int) -> dict[str, Any]:
-        return await self.posts_of({"author": user, "reply_to": None}, cursor, limit)
+        docs = await self.store.posts_page({"author": user}, cursor, limit + 1,
+                                           where={"deleted": False, "reply_to": None})
+        more = len(docs) > limit
+        docs = docs[:limit]
+        return {"posts": await self.shape(docs), "cursor": docs[-1]["_id"] if more else None}
 
     async def comments(self, post: int, cursor: int | None, limit: int) -> dict[str, Any]:
         if post not in await self.store.get_posts([post]):

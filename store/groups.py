@@ -6,9 +6,9 @@
   never hand out the same seq, whatever happened to Redis. ``lastmid`` and
   ``rdmid`` (the newest read-diffused message) move with ``$max`` in the
   same update.
-- ``group_members``: ``_id`` = ``group|user`` (a group's members are one
-  ``_id`` range); ``from_seq``: the member sees messages after it (the
-  group's seq when it joined); ``read_seq``: read up to here. Index on ``u``.
+- ``group_members``: ``_id`` = ``group|user``, indexes on ``g`` and ``u``;
+  ``from_seq``: the member sees messages after it (the group's seq when it
+  joined); ``read_seq``: read up to here.
 - ``group_msgs``: one copy per message, ``_id`` = ``group|seq`` (12 digits),
   with ``mid``, ``from``, ``cmid``, ``body``, and ``wd`` (whether it was also
   written to the members' boxes). Unique (g, from, cmid) recognises a resend
@@ -40,6 +40,7 @@ DUPLICATE_KEY = 11000
 
 GROUP_INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     ("group_members", [("u", ASCENDING)], {"name": "user"}),
+    ("group_members", [("g", ASCENDING)], {"name": "group"}),
     ("group_msgs", [("g", ASCENDING), ("mid", ASCENDING)], {"name": "group_mid"}),
     ("group_msgs", [("mid", ASCENDING)], {"name": "mid"}),
     ("group_msgs", [("g", ASCENDING), ("from", ASCENDING), ("cmid", ASCENDING)],
@@ -133,8 +134,7 @@ class GroupStore:
 
     async def member_ids(self, group: str) -> list[str]:
         async with mongo_guard():
-            return [d["u"] async for d in self.members.find(
-                {"_id": {"$gt": f"{group}|", "$lt": f"{group}|~"}}, {"u": 1})]
+            return [d["u"] async for d in self.members.find({"g": group}, {"u": 1})]
 
     async def user_groups(self, user: str) -> list[dict[str, Any]]:
         """Every membership of ``user``: ``g``, ``from_seq``, ``read_seq``."""
@@ -213,19 +213,36 @@ class GroupStore:
                    before: int | None = None, limit: int = 50, only_rd: bool = False
                    ) -> list[dict[str, Any]]:
         """A member's view of the group's messages by mid (seq > ``from_seq``):
-        ascending after ``after`` (sync) or descending before ``before``."""
-        query: dict[str, Any] = {"g": group, "seq": {"$gt": from_seq}}
-        if only_rd:
-            query["wd"] = False
-        if after is not None:
-            query["mid"] = {"$gt": after}
-            order = ASCENDING
-        else:
-            query["mid"] = {"$lt": before} if before is not None else {"$gte": 0}
-            order = DESCENDING
-        async with mongo_guard():
-            return [group_frame(d) async for d in
-                    self.msgs.find(query).sort("mid", order).limit(limit)]
+        ascending after ``after`` (sync) or descending before ``before``.
+
+        The query names only (g, mid), its index; seq and ``wd`` are checked on
+        the documents (SecantusDB scans the collection for a filter on a field
+        its index lacks)."""
+        out: list[dict[str, Any]] = []
+        batch = limit + 16
+        while len(out) < limit:
+            bounds: dict[str, int] = {}
+            if after is not None:
+                bounds["$gt"] = after
+            elif before is not None:
+                bounds["$lt"] = before
+            else:
+                bounds["$gte"] = 0
+            order = ASCENDING if after is not None else DESCENDING
+            async with mongo_guard():
+                docs = [d async for d in self.msgs.find({"g": group, "mid": bounds})
+                        .sort("mid", order).limit(batch)]
+            out += [group_frame(d) for d in docs
+                    if d["seq"] > from_seq and not (only_rd and d.get("wd"))]
+            if len(docs) < batch:
+                break
+            if after is None and all(d["seq"] <= from_seq for d in docs):
+                break  # going back in time, and past the member's joining
+            if after is not None:
+                after = docs[-1]["mid"]
+            else:
+                before = docs[-1]["mid"]
+        return out[:limit]
 
     async def by_mids(self, mids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """``group_msg`` frames of these mids (for box entries of write-diffused groups)."""

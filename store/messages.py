@@ -162,17 +162,15 @@ class MessageStore:
 
         ``after``: ascending from there (sync); ``before``: descending (history).
         """
+        # Equality on owner (the (owner, conv, mid) index) and a range on mid: an
+        # _id range would need no index on mongod, but SecantusDB answers _id
+        # ranges by scanning the collection (647 ms against 1.9 ms at 60,000 boxes).
         query: dict[str, Any] = {"owner": owner}
         sort_key = "mid"
-        if after is not None and conv is None:
-            # The user's whole box is an _id range: no secondary index needed.
-            query = {"_id": {"$gt": box_id(owner, after), "$lt": f"{owner}|~"}}
-            sort_key = "_id"
-        elif conv is not None:
+        if conv is not None:
             query["conv"] = conv
         if after is not None:
-            if conv is not None:
-                query["mid"] = {"$gt": after}
+            query["mid"] = {"$gt": after}
             order = ASCENDING
         else:
             if before is not None:
