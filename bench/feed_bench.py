@@ -14,8 +14,7 @@ first timeline pages of a pushed reader and of one following pulled authors.
    compared with the expected ids. (a) a follower who also follows ``--fill`` one-post
    authors; (b) node B (IM_FEED_PUSH_MAX=``--pull-max``): a reader of ``--authors``
    x ``--author-posts`` posts, ``--big`` authors pulled (``--big-followers`` each).
-   Nodes run IM_FEED_SETTLE_S=``--settle``; reads start when no fan-out is pending
-   and that window has passed (steady state). Each store call of the read is then
+   Reads start when no fan-out is pending (steady state). Each store call of the read is then
    replayed alone (20 x). Markdown on stdout, JSON in bench/out/feed-<stamp>.json.
 """
 
@@ -42,7 +41,6 @@ from gateway.auth import issue_token
 from gateway.feed import FANOUT_CHUNK
 from store.feed import FEED_INDEXES, FeedStore, tl_id
 from store.feed_cache import FeedCache
-from store.ids import mid_for_time_ms
 from store.keys import Keys
 from store.mongo_client import connect_mongo
 
@@ -130,7 +128,7 @@ class Bench:
     async def start_node(self, ns: str, label: str, extra: dict[str, str]) -> Http:
         a = self.args
         env = {**common.node_env(a, ns, self.run.secret), "IM_AMQP_URL": a.amqp_url,
-               "IM_FEED_SETTLE_S": str(a.settle), **extra}
+               **extra}
         self.nodes.append(common.NodeProcess(env, common.OUT_DIR / f"feed-{a.stamp}-{label}.log"))
         await self.nodes[-1].start()
         self.names[self.nodes[-1].pid] = f"gateway node {label}"
@@ -159,13 +157,13 @@ class Bench:
         return round(time.perf_counter() - t, 2)
 
     async def settled(self, ns: str, timeout: float = 600) -> None:
-        """No post of ``ns`` has a pending fan-out; then the settle window passes."""
+        """No post of ``ns`` has a pending fan-out (then 1 s more)."""
         async with asyncio.timeout(timeout):
             while True:
                 if not await self.mongo[ns]["posts"].count_documents({"fanout": "pending"}):
                     break
                 await asyncio.sleep(0.1)
-        await asyncio.sleep(self.args.settle + 1)
+        await asyncio.sleep(1)
 
     # -- 1. fan-out ---------------------------------------------------------------------
     async def fanout_setup(self, http: Http) -> dict[str, Any]:
@@ -272,23 +270,23 @@ class Bench:
         authors = await cache.following(user) | {user}
         floor, pulls = await cache.floor(user), await cache.pull_max(authors)
         top, want = {"reply_to": None, "deleted": False}, LIMIT + 1
-        every = {**top, "author": {"$in": sorted(authors)}}
-        horizon = mid_for_time_ms(int((time.time() - self.args.settle) * 1000))
+        every = {"author": {"$in": sorted(authors)}}
         raw = await store.timeline_page(user, floor, None, 2 * want)
         docs = list((await store.get_posts([p for p, _ in raw[:LIMIT]])).values())
         steps: list[tuple[str, Any, bool, Callable[[], Awaitable[Any]]]] = [
             ("redis: following, floor, pull_max (parallel)", len(authors), True,
              lambda: asyncio.gather(cache.following(user), cache.floor(user),
                                     cache.pull_max(authors))),
-            ("mongo: timeline window (_id range, limit 102)", len(raw), True,
+            ("mongo: timeline window ((u, p) index, limit 102)", len(raw), True,
              lambda: store.timeline_page(user, floor, None, 2 * want)),
             ("mongo: unpushed posts per pulled author (parallel)", len(pulls), bool(pulls),
-             lambda: asyncio.gather(*(store.posts_page({**top, "author": a, "pushed": False},
-                                                       None, want) for a in pulls))),
-            ("mongo: posts newer than settle horizon (author $in)", len(authors), True,
-             lambda: store.posts_page(every, None, want, after=horizon)),
+             lambda: asyncio.gather(*(store.posts_page({"author": a}, None, want,
+                                                       where={**top, "pushed": False})
+                                      for a in pulls))),
+            ("redis: fan-outs under way (zset)", len(authors), True,
+             lambda: cache.pending_below(None)),
             ("mongo: authors' posts (author $in; window short)", len(authors),
-             len(raw) < 2 * want, lambda: store.posts_page(every, None, want)),
+             len(raw) < 2 * want, lambda: store.posts_page(every, None, want, where=top)),
             ("mongo: get_posts (_id $in)", len(docs), True,
              lambda: store.get_posts([d["_id"] for d in docs])),
             ("redis: counts of the page (Lua pipeline)", len(docs), True,
@@ -345,7 +343,7 @@ def render(res: dict[str, Any]) -> str:
     s, f, r = res["settings"], res.get("fanout"), res.get("raw")
     lines = header_lines("Feed benchmark", res, f"; load avg at end {res['loadavg_at_end'][0]:.2f}")
     lines += [f"- namespaces {res['namespaces']}; node A: default IM_FEED_PUSH_MAX, node B: "
-              f"IM_FEED_PUSH_MAX={s['pull_max']}; both IM_FEED_SETTLE_S={s['settle']}", ""]
+              f"IM_FEED_PUSH_MAX={s['pull_max']}", ""]
     lines += [f"**ERROR**: {res['error']}", ""] if "error" in res else []
     if su := res.get("fanout_setup"):
         lines += [f"Setup (not timed): {fmt(su['follows'])} follows over HTTP in {su['follow_s']}"
@@ -426,7 +424,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ("--big-followers", int, 60, "followers of each big author"),
             ("--author-posts", int, 3, "posts per author in 3b"),
             ("--pull-max", int, 50, "node B's IM_FEED_PUSH_MAX"),
-            ("--settle", float, 1.0, "both nodes' IM_FEED_SETTLE_S"),
             ("--repeat", int, 200, "timeline reads (page 1 + page 2) per reader")):
         p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
     p.add_argument("--quick", action="store_true",
@@ -441,7 +438,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if urlsplit(url).hostname not in cli.LOOPBACK:
             p.error(f"{url}: only 127.0.0.1 is allowed")
     if (min(a.followers, a.posts, a.repeat, a.raw_reps, a.big, a.author_posts, a.poll_ms) <= 0
-            or a.big > a.authors or a.big_followers <= a.pull_max or min(a.settle, a.warmup_posts)
+            or a.big > a.authors or a.big_followers <= a.pull_max or a.warmup_posts
             < 0 or min(a.fill + a.posts + a.warmup_posts, a.authors * a.author_posts) <= 2 * LIMIT):
         p.error("counts >= 1, --big <= --authors, --big-followers > --pull-max; both readers "
                 f"need > {2 * LIMIT} posts (--fill + --posts, --authors x --author-posts)")

@@ -54,7 +54,6 @@ class Settings:
     feed_timeline_max: int = 800  # timeline entries kept per user
     feed_text_max: int = 2000  # characters of a post
     feed_queue_max: int = 10_000  # posts waiting for fan-out before posting waits
-    feed_settle_s: float = 60.0  # reads also pull posts this young (fan-out in flight)
     room_window_ms: float = 25.0  # a room's messages are coalesced over this window
     room_rate_cap: float = 50.0  # room messages/s delivered to each member; 0: no cap
     room_buffer_max: int = 262_144  # bytes queued on a socket before room frames skip it
@@ -100,8 +99,7 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s",
-                     "group_write_diffusion_max", "group_max_members", "feed_push_max",
-                     "feed_settle_s"):
+                     "group_write_diffusion_max", "group_max_members", "feed_push_max"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"IM_{name.upper()} must not be negative")
 

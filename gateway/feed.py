@@ -10,8 +10,8 @@ rises: readers pull it. A timeline page merges, below the cursor:
   B. unpushed posts of followed authors whose ``pull_max`` says they have any;
   C. once A is exhausted (trimmed window, or followed after the posts were
      pushed): the followed authors' own posts;
-  D. posts younger than ``IM_FEED_SETTLE_S`` of followed authors, whose
-     fan-out may still be under way.
+  D. posts of followed authors whose fan-out is still under way (a Redis
+     zset of them, entered before the post is queued, left when it is done).
 Each source is sorted and cut at the page size, so the union's head is the
 true head; ids are time-ordered, so the cursor (the last id) is a seek key.
 """
@@ -107,6 +107,8 @@ class FeedService:
                "repost_of": repost_of, "reply_to": reply_to, "deleted": False,
                "pushed": pushed, "fanout": "pending" if pushed else "none",
                "counts": {"reposts": 0, "comments": 0, "likes": 0}}
+        if pushed:  # before the insert: from the moment it exists, readers merge it
+            await self.cache.pending(author, post, True)
         await self.store.insert_post(doc)
         if not comment:
             await self.store.push(post, author, [author])  # the author sees it at once
@@ -170,17 +172,16 @@ class FeedService:
         # A truncated window only vouches for ids down to its last raw entry.
         bound = raw[-1][0] if len(raw) == 2 * want else None
         pulls = await self.cache.pull_max(authors)
-        horizon = mid_for_time_ms(int((time.time() - self.settings.feed_settle_s) * 1000))
         queries = [self.store.posts_page({"author": a}, cursor, want,
                                          where={**top, "pushed": False}) for a in pulls]
+        # Fan-outs under way (their entries may not be here yet): by id from Redis.
+        in_flight = [p for a, p in await self.cache.pending_below(cursor) if a in authors]
+        in_flight = sorted(in_flight, reverse=True)[:want]
         everyone = {"author": {"$in": sorted(authors)}}
-        if cursor is None or cursor > horizon:
-            queries.append(self.store.posts_page(everyone, cursor, want, after=horizon,
-                                                 where=top))
         if bound is None:
             queries.append(self.store.posts_page(everyone, cursor, want, where=top))
         docs = {d["_id"]: d for page in await asyncio.gather(*queries) for d in page}
-        ids = sorted(window | set(docs), reverse=True)
+        ids = sorted(window | set(docs) | set(in_flight), reverse=True)
         if bound is not None:
             ids = [i for i in ids if i >= bound]
         more = len(ids) > limit or bound is not None
@@ -245,6 +246,7 @@ class FeedService:
             self._tell_online(fans, frame)
             after = fans[-1]
         await self.store.set_fanout(post, "done")
+        await self.cache.pending(doc["author"], post, False)
         self.fanouts += 1
 
     def _tell_online(self, users: list[str], frame: bytes) -> None:

@@ -73,6 +73,28 @@ class FeedCache:
         async with redis_guard():
             await self._hmax(keys=[self.keys.pullers()], args=[author, post])
 
+    # -- fan-outs under way ----------------------------------------------------------
+    async def pending(self, author: str, post: int, yes: bool) -> None:
+        async with redis_guard():
+            key, member = self.keys.fanouts_pending(), f"{author}|{post}"
+            if yes:
+                await self.redis.zadd(key, {member: post})
+            else:
+                await self.redis.zrem(key, member)
+
+    async def pending_below(self, before: int | None, limit: int = 1000
+                            ) -> list[tuple[str, int]]:
+        """(author, post) of fan-outs under way, newest first, post < ``before``."""
+        high = f"({before}" if before is not None else "+inf"
+        async with redis_guard():
+            raw: list[bytes] = await self.redis.zrevrangebyscore(  # type: ignore[assignment]
+                self.keys.fanouts_pending(), high, "-inf", start=0, num=limit)
+        out = []
+        for m in raw:
+            author, _, post = m.decode().rpartition("|")
+            out.append((author, int(post)))
+        return out
+
     # -- timeline floors and trimming ----------------------------------------------
     async def floor(self, user: str) -> int:
         async with redis_guard():

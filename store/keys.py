@@ -72,6 +72,10 @@ class Keys:
         """Hash: author -> newest post id not pushed to timelines; ``~`` once complete."""
         return f"{self.ns}:fp"
 
+    def fanouts_pending(self) -> str:
+        """Sorted set: ``author|post`` -> post id, while the post's fan-out runs."""
+        return f"{self.ns}:fpend"
+
     def timeline_floors(self) -> str:
         """Hash: user -> id below which the user's timeline was trimmed."""
         return f"{self.ns}:tlf"

@@ -59,7 +59,7 @@ async def all_pages(http: Any, user: str, limit: int) -> list[int]:
 
 
 async def test_an_author_crossing_the_threshold_loses_nothing(make_node, http, mongo_db):
-    node = await make_node(feed_push_max=2, feed_settle_s=0)
+    node = await make_node(feed_push_max=2)
     http = bind(http, node)
     author, reader, f2, f3 = uid("a"), uid("r"), uid("f"), uid("f")
     await follow(http, reader, author)
