@@ -136,7 +136,10 @@ async def test_membership_rules(make_node, connect, http):
     assert (await cl.next_push("group_msg"))["mid"] == third["mid"]  # others still get it
     assert (await cm.request("group_send", group=g, cmid="m9", body="x"))["code"] == "forbidden"
     assert (await http(m).get(f"/v1/history/g:{g}")).status_code == 403
-    assert all(x["conv"] != f"g:{g}" for x in (await convs(http, m))["conversations"])
+    after_removal = await convs(http, m)
+    assert all(x["conv"] != f"g:{g}" for x in after_removal["conversations"])
+    assert after_removal["total_unread"] == 0  # its unread left with the group
+    assert (await convs(http, late))["total_unread"] == 2  # "after" and "after removal"
     await cm.request("ping")  # pushes to m before this pong would be in its queue by now
     pushed = [f["seq"] for f in _drain(cm) if f.get("op") == "group_msg"]
     assert pushed == [2]  # sent while m was still a member; nothing after the removal
