@@ -13,7 +13,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import uvicorn
 from websockets.asyncio.server import Server, serve
@@ -266,27 +266,47 @@ class Node:
         await self.chat.close()
 
     async def close(self) -> None:
-        """Stop at once: listeners, background tasks, connections to the stores."""
+        """Stop at once: listeners, background tasks, connections to the stores.
+
+        Each step is bounded (``IM_DRAIN_TIMEOUT_S``): a dependency that stops
+        answering mid-shutdown is logged by name instead of hanging the exit.
+        """
         self.draining = True
+        for t in self._tasks:
+            t.cancel()
+        steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("websocket listener", self._close_ws),
+            ("background tasks", lambda: asyncio.gather(*self._tasks, return_exceptions=True)),
+            ("http listener", self._close_http),
+            ("route writes", self._route_ops.close),
+            ("rooms", self.live.close),
+            ("groups", self.groups.close),
+            ("feed", self.feed.close),
+            ("node lease", self.lease.release),
+            ("broker", self.router.close),
+            ("stores", self.stores.close),
+        ]
+        for name, step in steps:
+            try:
+                async with asyncio.timeout(self.settings.drain_timeout_s):
+                    await step()
+            except TimeoutError:
+                log.error("shutdown: %s did not finish within %.0fs; going on", name,
+                          self.settings.drain_timeout_s)
+            except Unavailable as exc:
+                log.warning("shutdown: %s: %s", name, exc)
+        self._stopped.set()
+
+    async def _close_ws(self) -> None:
         if self._ws_server is not None:
             self._ws_server.close()
             await self._ws_server.wait_closed()
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _close_http(self) -> None:
         if self._http is not None:
             self._http.should_exit = True
             if self._http_task is not None:
                 await asyncio.gather(self._http_task, return_exceptions=True)
-        await self._route_ops.close()
-        await self.live.close()
-        await self.groups.close()
-        await self.feed.close()
-        with contextlib.suppress(Unavailable):
-            await self.lease.release()
-        await self.router.close()
-        await self.stores.close()
-        self._stopped.set()
 
     # -- hub events ----------------------------------------------------------
     async def client_connected(self, client: Client) -> None:

@@ -125,7 +125,9 @@ class RabbitMQBroker:
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed:
-            await conn.close()
+            # Bounded: a channel left mid-RPC by a cancelled task can keep the
+            # close handshake from finishing; the socket goes either way.
+            await asyncio.wait_for(conn.close(), 5)
 
     async def close(self) -> None:
         self._closing = True
