@@ -76,6 +76,10 @@ class GroupService:
             self._flush, name="mongo", max_batch=s.batch_max, max_pending=s.pending_max,
             linger_s=s.mongo_linger_ms / 1000, observe=node.metrics.stage_observer("group"))
         self._repairs: set[asyncio.Task[None]] = set()
+        # Connects load memberships in batches: a reconnect storm is a few round trips.
+        self._loads: Batcher[str, list[str]] = Batcher(
+            self.cache.groups_of, name="redis", max_batch=s.batch_max,
+            max_pending=s.pending_max)
 
     # -- membership (HTTP) -----------------------------------------------------
     async def create(self, owner: str, name: str, members: list[str]) -> str:
@@ -134,11 +138,12 @@ class GroupService:
     # -- connections and controls ------------------------------------------------
     async def connected(self, client: Client) -> None:
         try:
-            groups = await self.cache.user_groups(client.user)
+            groups = await self._loads.submit(client.user)
         except Unavailable as exc:  # pushes of groups wait for a reconnect; sync has it all
             log.warning("groups of %s not loaded: %s", client.user, exc)
             return
-        await self._join(client, list(groups))
+        if groups:
+            await self._join(client, groups)
 
     async def _join(self, client: Client, groups: list[str]) -> None:
         for g in groups:
@@ -287,6 +292,7 @@ class GroupService:
 
     async def close(self) -> None:
         await self._writes.close()
+        await self._loads.close()
         if self._repairs:
             await asyncio.wait(self._repairs, timeout=5)
 

@@ -65,8 +65,8 @@ class Sessions:
         ws.request, ws.response = _HANDSHAKE_DONE, None
         s = self.settings
         client = Client(ws.username, ws, TokenBucket(s.send_rate, s.send_burst, time.monotonic()))
-        await self.node.client_connected(client)
         try:
+            await self.node.client_connected(client)
             async for data in ws:
                 await self._on_frame(client, data)
         except ConnectionClosed:

@@ -147,6 +147,35 @@ class GroupCache:
         return {g: Membership(v, raw.get(f"r:{g}", v)) for g, v in raw.items()
                 if g != MARK and not g.startswith("r:")}
 
+    async def groups_of(self, users: Sequence[str]) -> list[list[str]]:
+        """The group ids of each user, one Redis round trip for all of them (a
+        connect storm); users whose hash is incomplete are rebuilt from MongoDB
+        (an indexed find each, concurrently) in one more round trip."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for u in users:
+                pipe.hgetall(self.keys.user_groups(u))
+            raw: list[dict[bytes, bytes]] = await pipe.execute()
+        out: list[list[str]] = []
+        missing: list[int] = []
+        for i, h in enumerate(raw):
+            if MARK.encode() not in h:
+                missing.append(i)
+            out.append([k.decode() for k in h if k != MARK.encode() and not k.startswith(b"r:")])
+        if missing:
+            found = await asyncio.gather(*(self.store.user_groups(users[i]) for i in missing))
+            async with redis_guard():
+                pipe = self.redis.pipeline(transaction=False)
+                for i, docs in zip(missing, found, strict=True):
+                    key = self.keys.user_groups(users[i])
+                    for d in docs:  # HSETNX: a newer read seq already here stays
+                        pipe.hsetnx(key, d["g"], d["from_seq"])
+                        pipe.hsetnx(key, f"r:{d['g']}", d.get("read_seq", d["from_seq"]))
+                    pipe.hset(key, MARK, 1)
+                    out[i] = sorted(set(out[i]) | {d["g"] for d in docs})
+                await pipe.execute()
+        return out
+
     async def set_read(self, user: str, group: str, seq: int) -> int | None:
         """Move the read seq forward; None if ``user`` is not a member."""
         await self.user_groups(user)  # make sure the hash is complete
