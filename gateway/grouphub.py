@@ -9,8 +9,6 @@ device of every member, the same bytes, without awaiting.
 
 from __future__ import annotations
 
-import time
-
 from gateway.hub import Client, Hub
 
 __all__ = ["GroupHub", "group_key"]
@@ -58,19 +56,4 @@ class GroupHub:
 
     def deliver_group(self, group: str, frame: bytes, skip_conn: int | None = None) -> int:
         devices = self.members.get(group)
-        if not devices:
-            return 0
-        hub, limit = self.hub, self.hub.write_buffer_max
-        written = 0
-        for cid, client in devices.items():
-            if cid == skip_conn:
-                continue
-            if client.write(frame, limit):
-                written += 1
-                if client.stuck_since:
-                    hub.unstuck(client)
-            else:
-                hub.metrics.push_skipped.inc()
-                hub.mark_stuck(client, time.monotonic())
-        hub.metrics.pushes.inc(written)
-        return written
+        return self.hub.write_each(devices.values(), frame, skip_conn) if devices else 0

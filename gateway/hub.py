@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,11 +82,15 @@ class Hub:
 
     def deliver_to_user(self, user: str, frame: bytes, skip_conn: int | None) -> int:
         devices = self.users.get(user)
-        if not devices:
-            return 0
+        return self.write_each(devices.values(), frame, skip_conn) if devices else 0
+
+    def write_each(self, clients: Iterable[Client], frame: bytes,
+                   skip_conn: int | None = None) -> int:
+        """``frame`` to each client but ``skip_conn``, never awaiting; a backed-up
+        client is skipped (counted) and noted as stuck. Returns how many took it."""
         written = 0
-        for cid, client in devices.items():
-            if cid == skip_conn:
+        for client in clients:
+            if client.id == skip_conn:
                 continue
             if client.write(frame, self.write_buffer_max):
                 written += 1

@@ -32,11 +32,9 @@ from pymongo.errors import BulkWriteError
 
 from store.errors import Unavailable
 from store.ids import mid_time_ms
-from store.mongo_client import mongo_guard
+from store.mongo_client import DUPLICATE_KEY, insert_idempotent, mongo_guard
 
 __all__ = ["GROUP_INDEXES", "GroupMessage", "GroupStore", "group_frame", "msg_id"]
-
-DUPLICATE_KEY = 11000
 
 GROUP_INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     ("group_members", [("u", ASCENDING)], {"name": "user"}),
@@ -198,16 +196,9 @@ class GroupStore:
 
     async def fill(self, msgs: Sequence[GroupMessage]) -> None:
         """Tombstones for seqs that hold no message (idempotent)."""
-        docs = [{"_id": msg_id(m.group, m.seq), "g": m.group, "seq": m.seq, "dead": True,
-                 "from": "~", "cmid": f"~{m.seq}"} for m in msgs]
-        async with mongo_guard():
-            try:
-                await self.msgs.insert_many(docs, ordered=False)
-            except BulkWriteError as exc:
-                bad = [e for e in exc.details.get("writeErrors", [])
-                       if e.get("code") != DUPLICATE_KEY]
-                if bad:
-                    raise Unavailable("mongo", "tombstone write failed") from exc
+        await insert_idempotent(self.msgs, [
+            {"_id": msg_id(m.group, m.seq), "g": m.group, "seq": m.seq, "dead": True,
+             "from": "~", "cmid": f"~{m.seq}"} for m in msgs])
 
     async def page(self, group: str, *, from_seq: int, after: int | None = None,
                    before: int | None = None, limit: int = 50, only_rd: bool = False

@@ -23,12 +23,10 @@ from pymongo.errors import BulkWriteError
 from store.errors import Unavailable
 from store.groups import group_frame
 from store.ids import mid_time_ms
-from store.mongo_client import mongo_guard
+from store.mongo_client import DUPLICATE_KEY, insert_idempotent, mongo_guard
 
 __all__ = ["INDEXES", "ChatMessage", "MessageStore", "body_doc", "box_docs", "box_id",
            "msg_frame"]
-
-DUPLICATE_KEY = 11000
 
 # (collection, keys, options): every index the chat collections carry.
 INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
@@ -103,7 +101,7 @@ class MessageStore:
             if isinstance(mid, int):
                 boxes += box_docs(m, mid)
         if boxes:
-            await self._insert_ignoring_duplicates(boxes)
+            await insert_idempotent(self.boxes, boxes)
         return resolved
 
     async def _insert_bodies(self, msgs: Sequence[ChatMessage]) -> list[int | BaseException]:
@@ -144,16 +142,6 @@ class MessageStore:
                 found[(d["from"], d["cmid"])] = d["_id"]
         return found
 
-    async def _insert_ignoring_duplicates(self, docs: list[dict[str, Any]]) -> None:
-        async with mongo_guard():
-            try:
-                await self.boxes.insert_many(docs, ordered=False)
-            except BulkWriteError as exc:
-                bad = [e for e in exc.details.get("writeErrors", [])
-                       if e.get("code") != DUPLICATE_KEY]
-                if bad:
-                    raise Unavailable("mongo", f"write error {bad[0].get('code')}") from exc
-
     async def box_page(
         self, owner: str, *, conv: str | None = None, after: int | None = None,
         before: int | None = None, limit: int = 50,
@@ -192,4 +180,4 @@ class MessageStore:
 
     async def insert_boxes(self, docs: list[dict[str, Any]]) -> None:
         """Box entries written by others (group write diffusion); idempotent."""
-        await self._insert_ignoring_duplicates(docs)
+        await insert_idempotent(self.boxes, docs)

@@ -7,11 +7,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from pymongo import AsyncMongoClient
-from pymongo.errors import PyMongoError
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import BulkWriteError, PyMongoError
 
 from store.errors import Unavailable
 
-__all__ = ["connect_mongo", "mongo_guard"]
+__all__ = ["DUPLICATE_KEY", "connect_mongo", "insert_idempotent", "mongo_guard"]
+
+DUPLICATE_KEY = 11000
 
 
 def connect_mongo(url: str, timeout_s: float, w: str = "majority"
@@ -50,3 +53,17 @@ async def mongo_guard() -> AsyncIterator[None]:
         yield
     except PyMongoError as exc:
         raise Unavailable("mongo", type(exc).__name__) from exc
+
+
+async def insert_idempotent(collection: AsyncCollection[dict[str, Any]],
+                            docs: list[dict[str, Any]]) -> None:
+    """Unordered ``insert_many`` where a document already there (same ``_id`` or
+    unique key) counts as written; any other failure is ``Unavailable``."""
+    async with mongo_guard():
+        try:
+            await collection.insert_many(docs, ordered=False)
+        except BulkWriteError as exc:
+            bad = [e for e in exc.details.get("writeErrors", [])
+                   if e.get("code") != DUPLICATE_KEY]
+            if bad:
+                raise Unavailable("mongo", f"write error {bad[0].get('code')}") from exc

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
+import time
 from typing import Any
 
 import orjson
@@ -60,3 +62,16 @@ class WsClient:
     async def close(self) -> None:
         await self.ws.close()
         self._reader.cancel()
+
+
+async def until(check: Any, timeout: float = 10, every: float = 0.05) -> Any:
+    """Poll ``check()`` (sync or async) until it is truthy or ``timeout`` passes;
+    for state written in the background (counts, trims, fan-outs)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(every)

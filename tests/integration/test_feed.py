@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
-import time
 from typing import Any
 
 from tests.conftest import RUN_NS, uid
+from tests.helpers import until
 
 
 def bind(http: Any, node: Any) -> Any:
@@ -15,15 +14,6 @@ def bind(http: Any, node: Any) -> Any:
     return lambda user: http(user, node)
 
 
-async def until(check: Any, timeout: float = 10) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if inspect.isawaitable(value):
-            value = await value
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(0.05)
 
 
 async def post(http: Any, user: str, text: str = "hi", **ref: Any) -> int:

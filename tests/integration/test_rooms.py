@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import socket
 import time
 from typing import Any
@@ -13,7 +12,7 @@ import orjson
 from websockets.asyncio.client import connect as ws_connect
 
 from tests.conftest import RUN_NS, SECRET, token, uid
-from tests.helpers import WsClient
+from tests.helpers import WsClient, until
 from tests.procs import NodeProcess, node_env
 
 FAST = {"heartbeat_s": 0.5, "heartbeat_ttl_s": 1.5, "room_report_s": 0.1}
@@ -35,16 +34,6 @@ async def room_msgs(client: WsClient, n: int, timeout: float = 10) -> list[dict[
     return got
 
 
-async def until(check: Any, timeout: float = 10, every: float = 0.05) -> Any:
-    """Poll an eventually-true condition (written in the background), up to ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if inspect.isawaitable(value):
-            value = await value
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(every)
 
 
 async def online_is(port: int, room: str, expected: int) -> bool:
