@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from core.batcher import Batcher
+from core.cursors import next_cursor
+from core.ids import MidGenerator, mid_for_time_ms, mid_time_ms
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.metrics import NodeMetrics
 from gateway.protocol import encode
 from store import Stores
-from store.batcher import Batcher
-from store.cursors import next_cursor
 from store.errors import Unavailable
-from store.ids import MidGenerator, mid_for_time_ms, mid_time_ms
 from store.inbox import Delivery
 from store.messages import ChatMessage, msg_frame
 

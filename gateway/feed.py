@@ -24,10 +24,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from core.ids import mid_for_time_ms, mid_time_ms
 from gateway.errors import ProtocolError
 from gateway.protocol import encode
 from store.errors import Unavailable
-from store.ids import mid_for_time_ms, mid_time_ms
 
 if TYPE_CHECKING:
     from gateway.node import Node

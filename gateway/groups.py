@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from core.batcher import Batcher
+from core.ids import mid_time_ms
 from gateway.errors import ProtocolError
 from gateway.grouphub import GroupHub, group_key
 from gateway.hub import Client
 from gateway.protocol import encode
 from router.errors import BrokerUnavailable
-from store.batcher import Batcher
 from store.errors import Unavailable
 from store.groups import GroupMessage, group_frame
-from store.ids import mid_time_ms
 from store.inbox import Delivery
 from store.messages import box_id
 

@@ -18,11 +18,11 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core.ids import MAX_MID
 from gateway.auth import bearer_token, verify_token
 from gateway.errors import HTTP_STATUS, ProtocolError
 from gateway.protocol import ID_PATTERN, check_id
 from store.errors import Unavailable
-from store.ids import MAX_MID
 
 if TYPE_CHECKING:
     from gateway.node import Node

@@ -18,8 +18,8 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
 
+from core.ratelimit import TokenBucket
 from gateway.metrics import NodeMetrics
-from gateway.ratelimit import TokenBucket
 
 __all__ = ["Client", "Hub"]
 

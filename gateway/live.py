@@ -22,15 +22,15 @@ from typing import Any
 
 import orjson
 
+from core.batcher import Batcher
+from core.ratelimit import TokenBucket
 from gateway.bindings import Bindings
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.hub import Client
 from gateway.metrics import NodeMetrics
-from gateway.ratelimit import TokenBucket
 from gateway.rooms import RoomHub
 from router import Router
-from store.batcher import Batcher
 from store.errors import Unavailable
 from store.rooms import RoomCounts
 

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Iterator
 import uvicorn
 from websockets.asyncio.server import Server, serve
 
+from core.batcher import Batcher
+from core.ids import MidGenerator, mid_for_time_ms
 from gateway.bindings import Bindings
 from gateway.chat import ChatService
 from gateway.config import Settings
@@ -33,9 +35,7 @@ from gateway.rooms import RoomHub, RoomLimits
 from gateway.session import Sessions
 from router import Router, make_broker
 from store import Stores
-from store.batcher import Batcher
 from store.errors import Unavailable
-from store.ids import MidGenerator, mid_for_time_ms
 from store.inbox import InboxLimits
 from store.nodes import NodeLease
 from store.routes import RouteStore
@@ -78,6 +78,11 @@ class Node:
         self._http: _HttpServer | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+
+    @property
+    def app(self) -> Node:
+        """Transitional: the composed services (becomes ``gateway.app.App``)."""
+        return self
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
+from core.ids import MAX_MID
 from gateway.errors import ProtocolError
-from store.ids import MAX_MID
 
 __all__ = [
     "ID_PATTERN",

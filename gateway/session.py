@@ -20,11 +20,11 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from core.ratelimit import TokenBucket
 from gateway import protocol as p
 from gateway.auth import bearer_token, verify_token
 from gateway.errors import ProtocolError
 from gateway.hub import Client
-from gateway.ratelimit import TokenBucket
 from store.errors import Unavailable
 
 if TYPE_CHECKING:

@@ -1,13 +1,8 @@
-"""Store errors. ``Unavailable`` means nothing was stored: safe to retry."""
+"""Store errors. ``Unavailable`` (defined with the pure layer, which raises it
+too) means nothing was stored: safe to retry."""
 
 from __future__ import annotations
 
+from core.errors import Unavailable
+
 __all__ = ["Unavailable"]
-
-
-class Unavailable(Exception):
-    """A dependency (Redis, MongoDB) did not answer, or the node is overloaded."""
-
-    def __init__(self, dependency: str, detail: str = "") -> None:
-        super().__init__(f"{dependency} unavailable{': ' + detail if detail else ''}")
-        self.dependency = dependency

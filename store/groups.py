@@ -30,8 +30,8 @@ from pymongo import ASCENDING, DESCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError
 
+from core.ids import mid_time_ms
 from store.errors import Unavailable
-from store.ids import mid_time_ms
 from store.mongo_client import DUPLICATE_KEY, insert_idempotent, mongo_guard
 
 __all__ = ["GROUP_INDEXES", "GroupMessage", "GroupStore", "group_frame", "msg_id"]

@@ -14,8 +14,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from core.ids import mid_for_time_ms
 from store.errors import Unavailable
-from store.ids import mid_for_time_ms
 from store.keys import Keys
 from store.redis_client import load_lua, redis_guard
 

@@ -20,9 +20,9 @@ from pymongo import ASCENDING, DESCENDING, AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError
 
+from core.ids import mid_time_ms
 from store.errors import Unavailable
 from store.groups import group_frame
-from store.ids import mid_time_ms
 from store.mongo_client import DUPLICATE_KEY, insert_idempotent, mongo_guard
 
 __all__ = ["INDEXES", "ChatMessage", "MessageStore", "body_doc", "box_docs", "box_id",

@@ -11,8 +11,8 @@ import secrets
 
 import redis.asyncio as aioredis
 
+from core.ids import MAX_NODE_ID
 from store.errors import Unavailable
-from store.ids import MAX_NODE_ID
 from store.keys import Keys
 from store.redis_client import redis_guard
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from store.batcher import Batcher
+from core.batcher import Batcher
 from store.errors import Unavailable
 
 

@@ -7,18 +7,18 @@ import time
 import jwt
 import pytest
 
-from gateway.auth import bearer_token, issue_token, verify_token
-from gateway.config import ConfigError, Settings
-from gateway.errors import ProtocolError
-from gateway.ratelimit import TokenBucket
-from store.cursors import next_cursor
-from store.ids import (
+from core.cursors import next_cursor
+from core.ids import (
     EPOCH_MS,
     MAX_MID,
     MidGenerator,
     mid_for_time_ms,
     mid_time_ms,
 )
+from core.ratelimit import TokenBucket
+from gateway.auth import bearer_token, issue_token, verify_token
+from gateway.config import ConfigError, Settings
+from gateway.errors import ProtocolError
 
 SECRET = "x" * 32
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from core.ids import MAX_MID
 from gateway.errors import ProtocolError
 from gateway.protocol import (
     Ping,
@@ -15,7 +16,6 @@ from gateway.protocol import (
     error_frame,
     parse_frame,
 )
-from store.ids import MAX_MID
 
 
 def refused(data: str | bytes, code: str = "bad_request", max_body: int = 4096) -> ProtocolError:

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from store.errors import Unavailable
+from core.errors import Unavailable
 
 __all__ = ["Batcher"]
 
