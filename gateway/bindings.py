@@ -1,10 +1,10 @@
 """Which broker routing keys this node's queue is bound to, and lazy unbinding.
 
-A key (a room id, or ``g|<group>`` for a group) is bound when it gets its
-first local member: callers await the bind, concurrent callers share it. An
-emptied key keeps its binding for ``delay_s``; it is unbound at a sweep only
-if it is still unused then, so join/leave and connect/disconnect churn do not
-become broker churn.
+A key (a room's or a group's, built by ``router.routing``) is bound when it
+gets its first local member: callers await the bind, concurrent callers share
+it. An emptied key keeps its binding for ``delay_s``; it is unbound at a
+sweep only if it is still unused then, so join/leave and connect/disconnect
+churn do not become broker churn.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from collections import deque
 from collections.abc import Callable
 
 from gateway.metrics import NodeMetrics
-from router import Router
+from router.base import Binder
 
 __all__ = ["Bindings"]
 
 
 class Bindings:
-    def __init__(self, router: Router, metrics: NodeMetrics, delay_s: float,
+    def __init__(self, router: Binder, metrics: NodeMetrics, delay_s: float,
                  window_ticks: int) -> None:
         self.router = router
         self.metrics = metrics

@@ -83,7 +83,8 @@ def room_frames(room: str, frags: Sequence[bytes], max_bytes: int) -> list[bytes
 
 def ws_text_frame(payload: bytes) -> bytes:
     """A complete, unmasked (server to client), uncompressed WebSocket text frame
-    (RFC 6455 5.2): the same bytes go to every member's transport."""
+    (RFC 6455 5.2). Built once per message: the node's socket writer
+    (``gateway/connections.py``) writes the same bytes to every recipient."""
     n = len(payload)
     if n < 126:
         return bytes((0x81, n)) + payload

@@ -2,54 +2,40 @@
 
 Filled when a device connects (from the user's memberships) and changed by
 membership updates (``gadd`` / ``gdel`` controls from whichever node took
-them). A group message reaches a node once (the node's queue is bound to
-``g|<group>`` while it holds a member) and is written here to every local
-device of every member, the same bytes, without awaiting.
+them). A group message reaches a node once (the node's queue is bound to the
+group's routing key, ``router.routing.group_key``, while it holds a member)
+and is written here to every local device of every member: framed once, the
+same bytes, through the node's socket writer, without awaiting.
 """
 
 from __future__ import annotations
 
-from gateway.hub import Client, Hub
+from gateway.connections import Client, ConnectionIndex
+from gateway.hub import Hub
+from router.routing import group_key
 
+# ``group_key`` is re-exported for modules that still import it from here.
 __all__ = ["GroupHub", "group_key"]
 
 
-def group_key(group: str) -> str:
-    """The broker routing key of a group (``|`` never occurs in an id)."""
-    return f"g|{group}"
-
-
 class GroupHub:
+    """Group -> local devices of its members (a ``ConnectionIndex``)."""
+
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self.members: dict[str, dict[int, Client]] = {}
+        self.members: ConnectionIndex[str] = ConnectionIndex("groups")
 
     def add(self, client: Client, group: str) -> bool:
         """True if ``client`` is the group's first local device."""
-        devices = self.members.get(group)
-        first = devices is None
-        if devices is None:
-            devices = self.members[group] = {}
-        devices[client.id] = client
-        if client.groups is None:
-            client.groups = set()
-        client.groups.add(group)
-        return first
+        return self.members.add(group, client)
 
     def remove(self, client: Client, group: str) -> bool:
         """True if that emptied the group here."""
-        devices = self.members.get(group)
-        if devices is None or devices.pop(client.id, None) is None:
-            return False
-        if client.groups is not None:
-            client.groups.discard(group)
-        if not devices:
-            del self.members[group]
-            return True
-        return False
+        return self.members.remove(group, client)
 
     def remove_all(self, client: Client) -> list[str]:
-        return [g for g in list(client.groups or ()) if self.remove(client, g)]
+        """Take ``client`` out of every group; returns the groups that emptied."""
+        return self.members.remove_all(client)[1]
 
     def user_devices(self, user: str) -> list[Client]:
         return list(self.hub.users.get(user, {}).values())

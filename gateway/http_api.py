@@ -9,7 +9,9 @@ nothing raw (a traceback, a driver message) reaches the client.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import orjson
 from fastapi import Depends, FastAPI, Path, Query, Request
@@ -18,16 +20,19 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core.errors import Unavailable
 from core.ids import MAX_MID
 from gateway.auth import bearer_token, verify_token
+from gateway.chat import ChatService
+from gateway.conversations import Conversations
 from gateway.errors import HTTP_STATUS, ProtocolError
+from gateway.feed import FeedService
+from gateway.groups import GroupService
+from gateway.live import LiveRooms
+from gateway.metrics import NodeMetrics
 from gateway.protocol import ID_PATTERN, check_id
-from store.errors import Unavailable
 
-if TYPE_CHECKING:
-    from gateway.node import Node
-
-__all__ = ["build_app"]
+__all__ = ["HttpDeps", "build_http"]
 
 log = logging.getLogger("gateway.http")
 MAX_LIMIT = 200
@@ -45,7 +50,8 @@ MemberId = Annotated[str, Field(min_length=1, max_length=64, pattern=ID_PATTERN.
 def current_user(request: Request) -> str:
     """The caller, from ``Authorization: Bearer``; 401 otherwise."""
     token = bearer_token(request.headers.get("authorization"))
-    return verify_token(request.app.state.node.settings.auth_secret, token)
+    secret: str = request.app.state.auth_secret
+    return verify_token(secret, token)
 
 
 User = Annotated[str, Depends(current_user)]
@@ -93,27 +99,43 @@ def _error(code: str, message: str, status: int | None = None) -> JSON:
                 status_code=status or HTTP_STATUS[code])
 
 
-def build_app(node: Node) -> FastAPI:
+@dataclass(frozen=True)
+class HttpDeps:
+    """What the HTTP API calls: the services, and the node's health."""
+
+    node: str
+    auth_secret: str
+    chat: ChatService
+    conversations: Conversations
+    groups: GroupService
+    feed: FeedService
+    live: LiveRooms
+    metrics: NodeMetrics
+    healthy: Callable[[], Awaitable[bool]]
+
+
+def build_http(deps: HttpDeps) -> FastAPI:
     """The node's HTTP API; ``/docs`` and ``/openapi.json`` describe it."""
     app = FastAPI(title="imgate", version="1", default_response_class=JSON)
     _install_error_handlers(app)
-    app.state.node = node
-    chat = node.chat
+    app.state.auth_secret = deps.auth_secret
+    chat, convs, groups, feed, live = (deps.chat, deps.conversations, deps.groups, deps.feed,
+                                       deps.live)
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        if node.draining or not await node.healthy():
+        if not await deps.healthy():
             return _error("unavailable", "node cannot serve")
-        return JSON({"ok": True, "node": node.name})
+        return JSON({"ok": True, "node": deps.node})
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(node.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(deps.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/sync")
     async def sync(user: User, since: Annotated[int, Query(ge=0, le=MAX_MID)] = 0,
                    limit: Limit = 100) -> JSON:
-        page = await chat.sync(user, since, limit)
+        page = await convs.sync(user, since, limit)
         return JSON({"msgs": page.msgs, "next": page.next, "more": page.more})
 
     @app.post("/v1/sync/ack")
@@ -123,38 +145,36 @@ def build_app(node: Node) -> FastAPI:
 
     @app.get("/v1/conversations")
     async def conversations(user: User, limit: Limit = 100) -> JSON:
-        return JSON(await chat.conversations(user, limit))
+        return JSON(await convs.conversations(user, limit))
 
     @app.post("/v1/conversations/{conv}/read")
     async def read(user: User, conv: ConvId, body: ReadMark) -> JSON:
-        await chat.mark_read(user, check_id(conv, "conv"), body.mid)
+        await convs.mark_read(user, check_id(conv, "conv"), body.mid)
         return JSON({"ok": True})
 
     @app.get("/v1/history/{conv}")
     async def history(user: User, conv: ConvId,
                       before: Annotated[int | None, Query(ge=0, le=MAX_MID)] = None,
                       limit: Limit = 50) -> JSON:
-        msgs, nxt = await chat.history(user, check_id(conv, "conv"), before, limit)
+        msgs, nxt = await convs.history(user, check_id(conv, "conv"), before, limit)
         return JSON({"msgs": msgs, "next": nxt})
 
     @app.post("/v1/groups")
     async def create_group(user: User, body: NewGroup) -> JSON:
         """Create a group; the caller is its owner and a member."""
-        return JSON({"group": await node.groups.create(user, body.name, body.members)})
+        return JSON({"group": await groups.create(user, body.name, body.members)})
 
     @app.post("/v1/groups/{group}/members")
     async def add_members(user: User, group: ConvId, body: NewMembers) -> JSON:
         """Owner only; new members see messages from now on."""
-        await node.groups.add(user, group, body.members)
+        await groups.add(user, group, body.members)
         return JSON({"ok": True})
 
     @app.delete("/v1/groups/{group}/members/{member}")
     async def remove_member(user: User, group: ConvId, member: ConvId) -> JSON:
         """Owner only; the member gets nothing sent after this answer."""
-        await node.groups.remove(user, group, member)
+        await groups.remove(user, group, member)
         return JSON({"ok": True})
-
-    feed = node.feed
 
     @app.post("/v1/follow/{other}")
     async def follow(user: User, other: ConvId) -> JSON:
@@ -216,7 +236,7 @@ def build_app(node: Node) -> FastAPI:
     async def room(_: User, room: ConvId) -> JSON:
         """Members of a live room across all live nodes."""
         room = check_id(room, "room")
-        return JSON({"room": room, "online": await node.live.online(room)})
+        return JSON({"room": room, "online": await live.online(room)})
 
     return app
 

@@ -31,8 +31,9 @@ from gateway.hub import Client
 from gateway.metrics import NodeMetrics
 from gateway.rooms import RoomHub
 from router import Router
+from router.routing import parse_key, room_key
 from store.errors import Unavailable
-from store.rooms import RoomCounts
+from store.ports import RoomCountStore
 
 __all__ = ["LiveRooms"]
 
@@ -43,7 +44,7 @@ class LiveRooms:
     """Room ops and bookkeeping of one node."""
 
     def __init__(self, node: str, settings: Settings, metrics: NodeMetrics, rooms: RoomHub,
-                 router: Router, counts: RoomCounts, bindings: Bindings) -> None:
+                 router: Router, counts: RoomCountStore, bindings: Bindings) -> None:
         self.node = node
         self.settings = settings
         self.metrics = metrics
@@ -66,7 +67,7 @@ class LiveRooms:
             raise ProtocolError("forbidden", f"a connection may be in at most "
                                 f"{self.settings.room_max_per_conn} rooms")
         self.rooms.join(client, room)
-        await self.bindings.ensure(room)
+        await self.bindings.ensure(room_key(room))
         try:
             return await self._report.submit(room)
         except Unavailable:
@@ -86,7 +87,7 @@ class LiveRooms:
             left, emptied = self.rooms.leave_all(client)
             now = time.monotonic()
             for room in emptied:
-                self.bindings.idle(room, now)
+                self.bindings.idle(room_key(room), now)
             self._dirty.update(left)
         if client.user not in self.rooms.hub.users:
             self._buckets.pop(client.user, None)
@@ -123,7 +124,7 @@ class LiveRooms:
         if client.rooms is None or room not in client.rooms:
             return False
         if self.rooms.leave(client, room):
-            self.bindings.idle(room, time.monotonic())
+            self.bindings.idle(room_key(room), time.monotonic())
         return True
 
     # -- counts --------------------------------------------------------------
@@ -145,19 +146,12 @@ class LiveRooms:
             except Unavailable as exc:
                 self._dirty |= dirty
                 log.warning("room counts not written: %s", exc)
-        self._close_stuck(now)
+        # Slow sockets of any traffic (rooms, groups, 1:1): the writer owns the rule.
+        self.rooms.hub.writer.close_stuck(s.stuck_close_s, now)
 
     def rewrite_counts(self) -> None:
         """Redis lost its data: write every local count again at the next tick."""
         self._dirty.update(self.rooms.members)
-
-    def _close_stuck(self, now: float) -> None:
-        for client in self.rooms.hub.stuck_longer_than(self.settings.stuck_close_s, now):
-            log.info("closing a stuck connection of %s (write buffer full for %.0fs)",
-                     client.user, now - client.stuck_since)
-            self.rooms.hub.unstuck(client)
-            self.metrics.closed.labels("stuck").inc()
-            client.ws.transport.abort()  # a close handshake would queue behind the backlog
 
     async def close(self) -> None:
         """Drain: this node's members leave every count at once."""
@@ -166,6 +160,6 @@ class LiveRooms:
             await self.counts.forget_node(self.node, list(self.rooms.members))
 
     def snapshot(self) -> dict[str, Any]:
-        rooms = [k for k in self.bindings.bound if not k.startswith("g|")]
+        rooms = [k for k in self.bindings.bound if parse_key(k)[0] == "room"]
         return {"rooms": len(self.rooms.members), "memberships": self.rooms.memberships,
                 "bound": len(rooms)}

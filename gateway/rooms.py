@@ -1,17 +1,16 @@
-"""The node's local room maps and the coalescer that writes room traffic.
+"""The node's local room map and the coalescer that writes room traffic.
 
-``members[room]`` maps connection id to client; joining and leaving are
-O(1) and a room with no local member leaves the map. A room message
-(already-encoded fragment, from a local sender or another node) is queued
-for its room; the first one queued schedules that room's flush, so idle
-rooms and idle members cost nothing per message. Flushes of one room are at
-least a window apart: a message to a quiet room goes out in the next loop
-tick, a busy room's messages are gathered until a window after its last
-flush. A flush applies the
-room's delivery cap, builds the ``room_msgs`` frame(s) and their WebSocket
-wire bytes once, and writes the same bytes to every member's transport
-without awaiting. A member whose write buffer is over the bound misses the
-frame (counted) and is noted as stuck; the node closes it if it stays so.
+``members`` is a ``ConnectionIndex`` (room -> {conn id: client}): joining
+and leaving are O(1) and a room with no local member leaves it. A room
+message (already-encoded fragment, from a local sender or another node) is
+queued for its room; the first one queued schedules that room's flush, so
+idle rooms and idle members cost nothing per message. Flushes of one room
+are at least a window apart: a message to a quiet room goes out in the next
+loop tick, a busy room's messages are gathered until a window after its last
+flush. A flush applies the room's delivery cap, builds the ``room_msgs``
+frame(s) and their WebSocket wire bytes once, and hands the same bytes for
+every member to the node's ``SocketWriter`` (no await; a member whose write
+buffer is over the bound misses the frame, counted, and is noted as stuck).
 """
 
 from __future__ import annotations
@@ -21,15 +20,12 @@ import random
 import time
 from dataclasses import dataclass
 
-from websockets.protocol import State
-
+from gateway.connections import Client, ConnectionIndex
 from gateway.fanout import DeliveryCap, room_frames, sample, ws_text_frame
-from gateway.hub import Client, Hub
+from gateway.hub import Hub
 from gateway.metrics import NodeMetrics
 
 __all__ = ["RoomHub", "RoomLimits"]
-
-_OPEN = State.OPEN
 
 
 @dataclass(frozen=True)
@@ -49,8 +45,7 @@ class RoomHub:
         self.hub = hub
         self.metrics = metrics
         self.limits = limits
-        self.members: dict[str, dict[int, Client]] = {}
-        self.memberships = 0
+        self.members: ConnectionIndex[str] = ConnectionIndex("rooms")
         self._pending: dict[str, tuple[list[bytes], list[int]]] = {}
         self._caps: dict[str, DeliveryCap] = {}
         self._last_flush: dict[str, float] = {}  # room -> loop time of its last flush
@@ -67,47 +62,40 @@ class RoomHub:
         self._m_flush = m.room_flush_seconds
 
     # -- membership ----------------------------------------------------------
+    @property
+    def memberships(self) -> int:
+        return self.members.memberships
+
     def join(self, client: Client, room: str) -> bool:
         """Add ``client`` to ``room``; True if it is the room's first local member."""
-        members = self.members.get(room)
-        first = members is None
-        if members is None:
-            members = self.members[room] = {}
-        elif client.id in members:
-            return False
-        members[client.id] = client
-        if client.rooms is None:
-            client.rooms = set()
-        client.rooms.add(room)
-        self.memberships += 1
+        first = self.members.add(room, client)
         self._gauges()
         return first
 
     def leave(self, client: Client, room: str) -> bool:
         """Remove ``client`` from ``room``; True if that emptied the room here."""
-        members = self.members.get(room)
-        if members is None or members.pop(client.id, None) is None:
-            return False
-        if client.rooms is not None:
-            client.rooms.discard(room)
-        self.memberships -= 1
-        emptied = not members
+        emptied = self.members.remove(room, client)
         if emptied:
-            del self.members[room]
-            self._caps.pop(room, None)
-            self._last_flush.pop(room, None)
+            self._forget(room)
         self._gauges()
         return emptied
 
     def leave_all(self, client: Client) -> tuple[list[str], list[str]]:
         """Remove ``client`` from every room: (rooms left, rooms emptied)."""
-        rooms = list(client.rooms or ())
-        emptied = [room for room in rooms if self.leave(client, room)]
-        return rooms, emptied
+        left, emptied = self.members.remove_all(client)
+        for room in emptied:
+            self._forget(room)
+        if left:
+            self._gauges()
+        return left, emptied
 
     def count(self, room: str) -> int:
-        members = self.members.get(room)
-        return len(members) if members else 0
+        return self.members.count(room)
+
+    def _forget(self, room: str) -> None:
+        """An emptied room keeps no state (a pending flush finds no members)."""
+        self._caps.pop(room, None)
+        self._last_flush.pop(room, None)
 
     def _gauges(self) -> None:
         self.metrics.rooms.set(len(self.members))
@@ -158,34 +146,9 @@ class RoomHub:
         if not frags:
             return
         wires = [ws_text_frame(f) for f in room_frames(room, frags, lim.frame_max)]
-        written = self._write_all(members, wires, now)
+        written = self.hub.writer.write_each(members.values(), wires, lim.buffer_max,
+                                             skipped=self._m_skipped)
         self._m_frames.inc(len(wires))
         self._m_writes.inc(written * len(wires))
         self._m_delivered.inc(written * len(frags))
         self._m_flush.observe(time.perf_counter() - started)
-
-    def _write_all(self, members: dict[int, Client], wires: list[bytes], now: float) -> int:
-        """The same wire bytes to every member's transport; skip the backed-up."""
-        limit = self.limits.buffer_max
-        hub = self.hub
-        written = skipped = 0
-        single = wires[0] if len(wires) == 1 else None
-        for client in members.values():
-            ws = client.ws
-            if ws.protocol.state is not _OPEN:
-                continue
-            transport = ws.transport
-            if transport.get_write_buffer_size() > limit:
-                skipped += 1
-                hub.mark_stuck(client, now)
-                continue
-            if single is not None:
-                transport.write(single)
-            else:
-                transport.writelines(wires)
-            written += 1
-            if client.stuck_since:
-                hub.unstuck(client)
-        if skipped:
-            self._m_skipped.inc(skipped)
-        return written

@@ -1,6 +1,8 @@
-"""One WebSocket connection: authenticate, read frames, dispatch, reply.
+"""One WebSocket connection: authenticate, read frames, act, reply.
 
-Sends run as tasks (at most ``max_inflight`` per connection), so a client
+The decisions (parse, refuse, rate-limit, which op runs how) are the
+sans-I/O ``SessionCore``'s; this module only moves bytes and runs what the
+core asks for. Sends run as tasks (at most ``max_inflight`` per connection), so a client
 that pipelines sends gets them batched with everyone else's; when the bound
 is reached the reader waits, which pushes back on the client's TCP stream.
 """
@@ -12,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
@@ -20,17 +22,22 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from core.errors import Unavailable
 from core.ratelimit import TokenBucket
 from gateway import protocol as p
+from gateway import session_core as sc
 from gateway.auth import bearer_token, verify_token
+from gateway.chat import ChatService
+from gateway.config import Settings
+from gateway.conversations import Conversations
 from gateway.errors import ProtocolError
+from gateway.groups import GroupService
 from gateway.hub import Client
-from store.errors import Unavailable
+from gateway.live import LiveRooms
+from gateway.metrics import NodeMetrics
+from gateway.registry import Registry
 
-if TYPE_CHECKING:
-    from gateway.node import Node
-
-__all__ = ["Sessions"]
+__all__ = ["Pusher", "Sessions"]
 
 log = logging.getLogger("gateway.session")
 T = TypeVar("T")
@@ -38,18 +45,39 @@ _REPLY_LIMIT = 1 << 30  # replies are never skipped for backlog (pushes are)
 _HANDSHAKE_DONE = Request("/ws", Headers())
 
 
+class Pusher(Protocol):
+    """``router.Router``, as a session sees it: pushes after an ack."""
+
+    def push(self, user: str, frame: bytes, routes: dict[str, str] | None,
+             skip_conn: int | None = None) -> None: ...
+
+    def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None
+                      ) -> None: ...
+
+
 class Sessions:
     """WebSocket entry points of a node."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.settings = node.settings
+    def __init__(self, settings: Settings, registry: Registry, chat: ChatService,
+                 groups: GroupService, conversations: Conversations, live: LiveRooms,
+                 pusher: Pusher, metrics: NodeMetrics, draining: Callable[[], bool]) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.chat = chat
+        self.groups = groups
+        self.conversations = conversations
+        self.live = live
+        self.pusher = pusher
+        self.metrics = metrics
+        self.draining = draining
+        self.limits = sc.SessionLimits(settings.max_body, settings.bad_frame_limit,
+                                       settings.send_rate, settings.send_burst)
 
     # -- handshake -----------------------------------------------------------
     def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
         if request.path.split("?", 1)[0] != "/ws":
             return conn.respond(HTTPStatus.NOT_FOUND, "WebSocket endpoint is /ws\n")
-        if self.node.draining:
+        if self.draining():
             return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "node is draining\n")
         token = bearer_token(request.headers.get("Authorization")) or _query_token(request.path)
         try:
@@ -64,48 +92,46 @@ class Sessions:
         # (``request`` must stay set: websockets takes None for "handshake pending".)
         ws.request, ws.response = _HANDSHAKE_DONE, None
         s = self.settings
-        client = Client(ws.username, ws, TokenBucket(s.send_rate, s.send_burst, time.monotonic()))
+        now = time.monotonic()
+        core = sc.SessionCore(self.limits, now)
+        client = Client(ws.username, ws, TokenBucket(s.send_rate, s.send_burst, now))
         try:
-            await self.node.client_connected(client)
+            await self.registry.connected(client)
             async for data in ws:
-                await self._on_frame(client, data)
+                for action in core.receive(data, time.monotonic()):
+                    await self._act(client, action)
         except ConnectionClosed:
             pass
         finally:
-            await self.node.client_disconnected(client)
+            await self.registry.disconnected(client)
 
-    async def _on_frame(self, client: Client, data: str | bytes) -> None:
-        try:
-            frame = p.parse_frame(data, self.settings.max_body)
-        except ProtocolError as err:
-            await self._refuse(client, err)
-            return
-        self.node.metrics.frames_in.labels(type(frame).__name__.lower()).inc()
-        if isinstance(frame, p.Send):
-            if not client.bucket.take(time.monotonic()):
-                await self._error(client, ProtocolError("rate_limited", "too many sends", frame.id))
-                return
-            await self._spawn(client, self._send(client, frame))
-        elif isinstance(frame, p.Ping):
-            await self._reply(client, {"op": "pong", "re": frame.id})
-        elif isinstance(frame, p.Read):
-            await self._spawn(client, self._read(client, frame))
-        elif isinstance(frame, p.RecvAck):
-            await self._spawn(client, self._recv_ack(client, frame))
-        elif isinstance(frame, p.GroupSend):
-            if not client.bucket.take(time.monotonic()):
-                await self._error(client, ProtocolError("rate_limited", "too many sends", frame.id))
-                return
-            await self._spawn(client, self._group_send(client, frame))
-        elif isinstance(frame, p.RoomSend):
-            self._room_send(client, frame)
-        elif isinstance(frame, p.Join):
-            await self._spawn(client, self._join(client, frame))
-        elif isinstance(frame, p.Leave):
-            await self._spawn(client, self._leave(client, frame))
-        else:  # every op parse_frame accepts is served above
-            await self._error(client, ProtocolError(
-                "bad_request", f"op {type(frame).__name__} is not served", frame.id))
+    async def _act(self, client: Client, action: sc.Action) -> None:
+        if isinstance(action, sc.Accepted):
+            self.metrics.frames_in.labels(action.op).inc()
+        elif isinstance(action, sc.Reply):
+            if action.error is not None:
+                self.metrics.errors.labels(action.error).inc()
+            await self._send_bytes(client, action.data)
+        elif isinstance(action, sc.Spawn):
+            await self._spawn(client, self._run(client, action.frame))
+        elif isinstance(action, sc.Inline):
+            self._room_send(client, action.frame)
+        else:
+            self.metrics.closed.labels(action.why).inc()
+            await client.ws.close(action.code, action.reason)
+
+    def _run(self, client: Client, f: sc.TaskFrame) -> Awaitable[None]:
+        if isinstance(f, p.Send):
+            return self._send(client, f)
+        if isinstance(f, p.GroupSend):
+            return self._group_send(client, f)
+        if isinstance(f, p.Read):
+            return self._read(client, f)
+        if isinstance(f, p.RecvAck):
+            return self._recv_ack(client, f)
+        if isinstance(f, p.Join):
+            return self._join(client, f)
+        return self._leave(client, f)
 
     async def _spawn(self, client: Client, work: Awaitable[None]) -> None:
         tasks = client.tasks
@@ -121,63 +147,62 @@ class Sessions:
     async def _send(self, client: Client, f: p.Send) -> None:
         started = time.perf_counter()
         result = await self._guarded(
-            client, f.id, lambda: self.node.chat.send(client.user, f.to, f.cmid, f.body)
+            client, f.id, lambda: self.chat.send(client.user, f.to, f.cmid, f.body)
         )
         if result is None:
             return
         await self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid,
                                    "mid": result.mid, "ts": result.ts})
-        self.node.metrics.send_latency.observe(time.perf_counter() - started)
+        self.metrics.send_latency.observe(time.perf_counter() - started)
         if result.frame is not None:
-            router = self.node.router
-            router.push(f.to, result.frame, result.receiver_routes)
-            router.push(client.user, result.frame, result.sender_routes, skip_conn=client.id)
+            self.pusher.push(f.to, result.frame, result.receiver_routes)
+            self.pusher.push(client.user, result.frame, result.sender_routes,
+                             skip_conn=client.id)
 
     async def _group_send(self, client: Client, f: p.GroupSend) -> None:
         result = await self._guarded(
-            client, f.id, lambda: self.node.groups.send(client.user, f.group, f.cmid, f.body))
+            client, f.id, lambda: self.groups.send(client.user, f.group, f.cmid, f.body))
         if result is None:
             return
         await self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid, "mid": result.mid,
                                    "seq": result.seq, "ts": result.ts})
         if result.frame is not None:
-            self.node.group_hub.deliver_group(f.group, result.frame, skip_conn=client.id)
-            self.node.router.publish_group(f.group, result.frame)
+            self.pusher.publish_group(f.group, result.frame, skip_conn=client.id)
 
     async def _read(self, client: Client, f: p.Read) -> None:
         done = await self._guarded(
-            client, f.id, lambda: self.node.chat.mark_read(client.user, f.conv, f.mid))
+            client, f.id, lambda: self.conversations.mark_read(client.user, f.conv, f.mid))
         if done is not None:
             await self._reply(client, {"op": "ok", "re": f.id})
 
     async def _recv_ack(self, client: Client, f: p.RecvAck) -> None:
-        await self._guarded(client, f.id, lambda: self.node.chat.recv_ack(client.user, f.mids))
+        await self._guarded(client, f.id, lambda: self.chat.recv_ack(client.user, f.mids))
 
     async def _join(self, client: Client, f: p.Join) -> None:
-        online = await self._guarded(client, f.id, lambda: self.node.live.join(client, f.room))
+        online = await self._guarded(client, f.id, lambda: self.live.join(client, f.room))
         if online is not None:
             await self._reply(client, {"op": "joined", "re": f.id, "room": f.room,
                                        "online": online})
 
     async def _leave(self, client: Client, f: p.Leave) -> None:
-        await self.node.live.leave(client, f.room)
+        await self.live.leave(client, f.room)
         await self._reply(client, {"op": "left", "re": f.id, "room": f.room})
 
     def _room_send(self, client: Client, f: p.RoomSend) -> None:
         """No task per message: the reply is written when the broker confirms."""
         try:
-            confirmed = self.node.live.send(client, f.room, f.body, f.prio)
+            confirmed = self.live.send(client, f.room, f.body, f.prio)
         except ProtocolError as err:
             err.re = f.id
-            self.node.metrics.errors.labels(err.code).inc()
+            self.metrics.errors.labels(err.code).inc()
             client.write(p.error_frame(err), _REPLY_LIMIT)
             return
         ok = p.encode({"op": "ok", "re": f.id}) if f.id is not None else b'{"op":"ok"}'
 
         def reply(fut: asyncio.Future[None]) -> None:
             if fut.cancelled() or fut.exception() is not None:
-                self.node.metrics.room_sends.labels("unavailable").inc()
-                self.node.metrics.errors.labels("unavailable").inc()
+                self.metrics.room_sends.labels("unavailable").inc()
+                self.metrics.errors.labels("unavailable").inc()
                 client.write(p.error_frame(ProtocolError(
                     "unavailable", "the broker did not take the message; other nodes' members "
                     "may not get it", f.id)), _REPLY_LIMIT)
@@ -208,15 +233,8 @@ class Sessions:
         return None
 
     # -- replies -------------------------------------------------------------
-    async def _refuse(self, client: Client, err: ProtocolError) -> None:
-        await self._error(client, err)
-        client.bad_frames += 1
-        if client.bad_frames >= self.settings.bad_frame_limit:
-            self.node.metrics.closed.labels("bad_frames").inc()
-            await client.ws.close(1008, "too many bad frames")
-
     async def _error(self, client: Client, err: ProtocolError) -> None:
-        self.node.metrics.errors.labels(err.code).inc()
+        self.metrics.errors.labels(err.code).inc()
         await self._send_bytes(client, p.error_frame(err))
 
     async def _reply(self, client: Client, frame: dict[str, object]) -> None:

@@ -1,11 +1,12 @@
-"""The router's boundaries: what it needs from the node, a broker, the routes."""
+"""The router's boundaries: what it needs from the node and from a broker.
+(The routes it reads are ``store.ports.RouteStore``.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Broker", "GroupDelivery", "LocalDelivery", "RoomDelivery", "RoutePurger"]
+__all__ = ["Binder", "Broker", "GroupDelivery", "LocalDelivery", "RoomDelivery"]
 
 
 class LocalDelivery(Protocol):
@@ -38,7 +39,17 @@ class GroupDelivery(Protocol):
         ...
 
 
-class Broker(Protocol):
+class Binder(Protocol):
+    """Binds this node's queue to a room's or group's routing key (``routing.py``)."""
+
+    async def bind_room(self, room: str) -> None:
+        """Receive ``room``'s envelopes from now on (kept across reconnects)."""
+        ...
+
+    async def unbind_room(self, room: str) -> None: ...
+
+
+class Broker(Binder, Protocol):
     """Carries envelopes between nodes. Implementations: ``broker_*.py``."""
 
     async def start(self, node: str, on_envelope: Callable[[bytes], None],
@@ -52,18 +63,4 @@ class Broker(Protocol):
         """To every other node bound to ``room`` (never back to this one)."""
         ...
 
-    async def bind_room(self, room: str) -> None:
-        """Receive ``room``'s envelopes from now on (kept across reconnects)."""
-        ...
-
-    async def unbind_room(self, room: str) -> None: ...
-
     async def close(self) -> None: ...
-
-
-class RoutePurger(Protocol):
-    """Deletes routes that point at dead nodes."""
-
-    async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None:
-        """``dead``: user -> route fields to delete; one round trip."""
-        ...

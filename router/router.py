@@ -1,5 +1,8 @@
 """Where a message goes: local sockets now, other nodes through the broker.
 
+(Group write diffusion is ``group_fanout.py``; a post's fan-out to its
+author's followers' timelines is ``timeline_fanout.py``.)
+
 ``push`` never awaits. Local devices get the frame at once; for every other
 live node holding one of the user's devices a record is queued, and once per
 event-loop tick the queued records become one envelope per node, handed to
@@ -16,14 +19,18 @@ import contextlib
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from router import envelope
-from router.base import Broker, GroupDelivery, LocalDelivery, RoomDelivery, RoutePurger
+from router.base import Broker, GroupDelivery, LocalDelivery, RoomDelivery
 from router.errors import BrokerUnavailable
+from router.routing import group_key, parse_key
+from store.ports import RouteStore
 
 __all__ = ["Router"]
+
+Control = Callable[[list[str], dict[str, Any]], Coroutine[Any, Any, None]]
 
 log = logging.getLogger("router")
 # An outbox item: (exchange kind "node" or "room", routing key, envelope,
@@ -35,21 +42,25 @@ class Router:
     """Fan-out decisions and inter-node traffic for one node."""
 
     def __init__(
-        self, node: str, local: LocalDelivery, broker: Broker, routes: RoutePurger,
+        self, node: str, local: LocalDelivery, broker: Broker, routes: RouteStore,
         *, rooms: RoomDelivery | None = None, groups: GroupDelivery | None = None,
-        outbox_max: int = 10_000, publish_batch: int = 64,
+        on_control: Control | None = None, on_resume: Callable[[float], None] | None = None,
+        outbox_max: int = 10_000, publish_batch: int = 64, controls_max: int = 1000,
     ) -> None:
         self.node = node
         self.local = local
         self.rooms = rooms
         self.groups = groups
-        # Membership changes for local devices, sent by the node that took them.
-        self.on_control: Callable[[list[str], dict[str, Any]], None] = lambda _u, _c: None
+        # Membership changes for local devices, applied here or sent by the node
+        # that took them; run as tasks (at most ``controls_max`` at once).
+        self.on_control = on_control
+        self.controls_max = controls_max
+        self._controls: set[asyncio.Task[None]] = set()
         self.broker = broker
         self.routes = routes
         self.publish_batch = publish_batch
         self.live: dict[str, float] = {}  # node -> heartbeat expiry (unix s)
-        self.on_resume: Callable[[float], None] = lambda _since: None
+        self.on_resume = on_resume
         self.stats: dict[str, int] = defaultdict(int)
         self._records: dict[str, list[envelope.Record]] = defaultdict(list)
         self._room_records: dict[str, list[envelope.Record]] = {}
@@ -71,6 +82,9 @@ class Router:
             await asyncio.gather(self._publisher, return_exceptions=True)
         if self._purger is not None:
             self._purger.cancel()
+        for task in self._controls:
+            task.cancel()
+        await asyncio.gather(*self._controls, return_exceptions=True)
         await self.broker.close()
 
     # -- liveness ------------------------------------------------------------
@@ -127,28 +141,47 @@ class Router:
         self._schedule_flush()
         return waiter
 
-    def publish_group(self, group: str, frame: bytes) -> None:
-        """A stored group message to every other node holding one of its members
-        (bound to ``g|<group>``): one envelope per group per loop tick, no
-        message per member. Best effort: members catch up by sync."""
-        key = f"g|{group}"
+    async def push_users(self, users: Sequence[str], frame: bytes) -> None:
+        """``frame`` to every device of ``users`` anywhere (one route lookup for all)."""
+        for user, routes in zip(users, await self.routes.lookup(users), strict=True):
+            if routes:
+                self.push(user, frame, routes)
+
+    def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None) -> None:
+        """A stored group message to this node's members' devices at once, and to
+        every other node holding one of its members (bound to the group's key):
+        one envelope per group per loop tick, no message per member. Best
+        effort: members catch up by sync."""
+        if self.groups is not None:
+            self.groups.deliver_group(group, frame, skip_conn)
+        key = group_key(group)
         if key not in self._room_records:
             self._room_records[key] = []
         self._room_records[key].append(({"g": group}, frame))
         self._schedule_flush()
 
+    async def tell(self, users: list[str], ctl: dict[str, Any]) -> None:
+        """Apply a membership change to ``users``' devices on every node holding
+        one: here first, then each other live node, each confirmed by the broker
+        before this returns, so anything published after it (a group message)
+        is queued behind it. A dead node has nothing to be told."""
+        routes = await self.routes.lookup(users)
+        now = time.time()
+        remote: dict[str, list[str]] = {}
+        for user, r in zip(users, routes, strict=True):
+            for node in set(r.values()):
+                if node != self.node and self.is_alive(node, now):
+                    remote.setdefault(node, []).append(user)
+        if self.on_control is not None:
+            await self.on_control(users, ctl)
+        for node, on_node in remote.items():
+            with contextlib.suppress(BrokerUnavailable):
+                await self.control(node, on_node, ctl)
+
     async def control(self, node: str, users: list[str], ctl: dict[str, Any]) -> None:
         """Tell ``node`` about a membership change of its local ``users``; returns
-        once the broker confirmed it, so anything published after it (a group
-        message) is queued behind it. Raises ``BrokerUnavailable``."""
+        once the broker confirmed it. Raises ``BrokerUnavailable``."""
         await self.broker.publish(node, envelope.encode([({"u": users, "c": ctl}, b"")]))
-
-    async def bind_room(self, room: str) -> None:
-        """Start receiving ``room``'s traffic from other nodes."""
-        await self.broker.bind_room(room)
-
-    async def unbind_room(self, room: str) -> None:
-        await self.broker.unbind_room(room)
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -191,7 +224,7 @@ class Router:
                 if not isinstance(result, BrokerUnavailable):
                     log.error("publish error", exc_info=result)
                     result = BrokerUnavailable("publish failed")
-                if item[0] == "node" or item[1].startswith("g|"):  # pushes: resent on resume
+                if item[0] == "node" or parse_key(item[1])[0] == "group":  # resent on resume
                     self._failed.append(item)
                 # A room message: its sender hears `unavailable`; live traffic is not resent.
                 _settle(item[3], result)
@@ -225,7 +258,7 @@ class Router:
         try:
             for head, frame in envelope.decode(data):
                 if "c" in head:
-                    self.on_control(list(head.get("u", ())), head["c"])
+                    self._apply_control(list(head.get("u", ())), head["c"])
                     continue
                 group = head.get("g")
                 if group is not None:
@@ -245,6 +278,16 @@ class Router:
             self.stats["bad_envelopes"] += 1
             log.error("dropped a malformed envelope (%d bytes)", len(data))
 
+    def _apply_control(self, users: list[str], ctl: dict[str, Any]) -> None:
+        if self.on_control is None:
+            return
+        if len(self._controls) >= self.controls_max:
+            self.stats["controls_dropped"] += 1  # bounded; a reconnect reloads groups
+            return
+        task = asyncio.create_task(self.on_control(users, ctl))
+        self._controls.add(task)
+        task.add_done_callback(self._controls.discard)
+
     def _broker_resumed(self, lost_at: float) -> None:
         """The broker link is back: resend what failed, let the node replay the gap."""
         now = time.time()
@@ -253,7 +296,8 @@ class Router:
             if self.is_alive(item[1], now):
                 with contextlib.suppress(asyncio.QueueFull):
                     self._outq.put_nowait(item)
-        self.on_resume(lost_at)
+        if self.on_resume is not None:
+            self.on_resume(lost_at)
 
     def snapshot(self) -> dict[str, Any]:
         now = time.time()

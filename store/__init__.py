@@ -1,63 +1,103 @@
-"""State: Redis (offline store, unread, dedup, routes, room counts, group caches)
-and MongoDB (messages, boxes, groups, follows, posts, timelines).
+"""State: Redis (offline store, unread, dedup, routes, room counts, group and
+feed caches, counters) and MongoDB (messages, boxes, groups, follows, posts,
+timelines).
 
-``Stores.connect`` opens both and checks they answer; everything else in the
-product reaches Redis and MongoDB through the classes here.
+``open_stores`` opens both clients and builds one implementation per
+boundary (``store/ports.py``); ``Stores`` hands out those, never the raw
+clients. Everything else in the product reaches Redis and MongoDB through
+them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-import redis.asyncio as aioredis
-from pymongo import AsyncMongoClient
-
-from store.errors import Unavailable
-from store.feed import FeedStore
-from store.feed_cache import FeedCache
-from store.group_cache import GroupCache
-from store.groups import GroupStore
-from store.inbox import InboxLimits, InboxStore
+from core.errors import Unavailable
+from store import ports
+from store.counters_redis import CountersRedis
+from store.dedup_redis import DedupRedis
+from store.feed_mongo import ensure_feed_indexes
+from store.feed_redis import FeedCacheRedis
+from store.follows_mongo import FollowsMongo
+from store.groups_mongo import GroupsMongo
+from store.groups_redis import GroupCacheRedis
 from store.keys import Keys
-from store.messages import MessageStore
-from store.mongo_client import connect_mongo
-from store.redis_client import connect_redis
-from store.rooms import RoomCounts
+from store.messages_mongo import MessagesMongo
+from store.mongo_client import connect_mongo, mongo_guard
+from store.nodes_redis import NodeDirectoryRedis, NodeLeaseRedis
+from store.offline_redis import OfflineRedis
+from store.posts_mongo import PostsMongo
+from store.records import GroupMessage, InboxLimits
+from store.redis_client import connect_redis, redis_guard
+from store.rooms_redis import RoomCountsRedis
+from store.routes_redis import RoutesRedis
+from store.timeline_mongo import TimelineMongo
 
-__all__ = ["Stores", "Unavailable"]
+__all__ = ["Stores", "Unavailable", "open_stores"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Stores:
-    """The open connections and the stores built on them."""
+    """One implementation per store boundary, and the lifecycle of the clients."""
 
-    redis: aioredis.Redis
-    mongo: AsyncMongoClient[dict[str, Any]]
-    keys: Keys
-    inbox: InboxStore
-    messages: MessageStore
-    rooms: RoomCounts
-    groups: GroupStore
-    group_cache: GroupCache
-    feed: FeedStore
-    feed_cache: FeedCache
+    dedup: ports.DedupStore
+    offline: ports.OfflineStore
+    messages: ports.MessageStore
+    routes: ports.RouteStore
+    nodes: ports.NodeDirectory
+    lease: ports.NodeLease
+    rooms: ports.RoomCountStore
+    groups: ports.GroupStore
+    group_cache: ports.GroupCache
+    follows: ports.FollowStore
+    posts: ports.PostStore
+    timelines: ports.TimelineStore
+    feed_cache: ports.FeedCache
+    counters: ports.CounterStore
+    check_redis: Callable[[], Awaitable[None]]
+    check_mongo: Callable[[], Awaitable[None]]
+    prepare: Callable[[], Awaitable[None]]
+    close: Callable[[], Awaitable[None]]
 
-    @classmethod
-    def open(
-        cls, *, redis_url: str, mongo_url: str, namespace: str, timeout_s: float,
-        limits: InboxLimits, mongo_w: str = "majority",
-    ) -> Stores:
-        redis = connect_redis(redis_url, timeout_s)
-        mongo = connect_mongo(mongo_url, timeout_s, mongo_w)
-        keys = Keys(namespace)
-        messages = MessageStore(mongo, namespace)
-        groups = GroupStore(messages.db)
-        feed = FeedStore(messages.db)
-        return cls(redis, mongo, keys, InboxStore(redis, keys, limits), messages,
-                   RoomCounts(redis, keys), groups, GroupCache(redis, keys, groups), feed,
-                   FeedCache(redis, keys, feed))
 
-    async def close(self) -> None:
-        await self.redis.aclose()
-        await self.mongo.close()
+def open_stores(*, redis_url: str, mongo_url: str, namespace: str, timeout_s: float,
+                limits: InboxLimits, lease_ttl_s: int,
+                encode_group_last: Callable[[GroupMessage], bytes],
+                mongo_w: str = "majority") -> Stores:
+    """Open the clients (lazily: nothing is sent until a store is used) and
+    build the stores. ``encode_group_last`` makes the bytes a group's state
+    keeps as its newest message (the client frame, so the gateway's)."""
+    redis = connect_redis(redis_url, timeout_s)
+    mongo = connect_mongo(mongo_url, timeout_s, mongo_w)
+    db = mongo[namespace]
+    keys = Keys(namespace)
+    offline = OfflineRedis(redis, keys, limits)
+    messages = MessagesMongo(mongo, namespace)
+    groups = GroupsMongo(db)
+    follows, posts = FollowsMongo(db), PostsMongo(db)
+
+    async def check_mongo() -> None:
+        await messages.ping()
+
+    async def prepare() -> None:
+        await messages.ensure_indexes()
+        await groups.ensure_indexes()
+        await ensure_feed_indexes(db)
+
+    async def close() -> None:
+        async with redis_guard():
+            await redis.aclose()
+        async with mongo_guard():
+            await mongo.close()
+
+    return Stores(
+        dedup=DedupRedis(redis, keys, limits.pending_ttl_s), offline=offline,
+        messages=messages, routes=RoutesRedis(redis, keys),
+        nodes=NodeDirectoryRedis(redis, keys), lease=NodeLeaseRedis(redis, keys, lease_ttl_s),
+        rooms=RoomCountsRedis(redis, keys), groups=groups,
+        group_cache=GroupCacheRedis(redis, keys, groups, encode_group_last),
+        follows=follows, posts=posts, timelines=TimelineMongo(db),
+        feed_cache=FeedCacheRedis(redis, keys, follows, posts),
+        counters=CountersRedis(redis, keys),
+        check_redis=offline.ping, check_mongo=check_mongo, prepare=prepare, close=close)

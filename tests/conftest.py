@@ -3,6 +3,7 @@
 Servers come from IM_REDIS_URL / IM_MONGO_URL / IM_AMQP_URL (defaults: the
 local ones). Each test run gets a fresh namespace (Redis key prefix, Mongo
 database, RabbitMQ name prefix), dropped at the end, so runs never meet.
+Clients, node processes, private servers and proxies come from ``testkit``.
 """
 
 from __future__ import annotations
@@ -12,19 +13,22 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import httpx
 import pytest
 import redis.asyncio as aioredis
 from pymongo import AsyncMongoClient
 
-from gateway.auth import issue_token
 from gateway.config import Settings
 from gateway.node import Node
-from tests.helpers import WsClient
-from tests.servers import PrivateServer
+from testkit.device import Device
+from testkit.http import HttpUser
+from testkit.namespace import drop_namespace, new_namespace
+from testkit.nodes import NodeProcess, node_env
+from testkit.proxy import TcpProxy
+from testkit.servers import PrivateServer
+from testkit.tokens import issue_token
 
 SECRET = "test-secret-0123456789-abcdefghijkl"
-RUN_NS = "t" + uuid.uuid4().hex[:10]
+RUN_NS = new_namespace("t")
 
 NodeFactory = Callable[..., Awaitable[Node]]
 
@@ -42,25 +46,42 @@ def token(user: str, ttl: int = 3600) -> str:
     return issue_token(SECRET, user, ttl)
 
 
+def uid(prefix: str = "u") -> str:
+    """A user id unique to this test run and call."""
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+async def settle(*nodes: Any) -> None:
+    """Let each node learn the others' heartbeats before routing to them."""
+    for n in nodes:
+        await n.beat()
+
+
 @pytest.fixture(scope="session")
-async def redis_client() -> AsyncIterator[aioredis.Redis]:
+async def run_namespace() -> AsyncIterator[str]:
+    yield RUN_NS
+    s = base_settings()
+    await drop_namespace(RUN_NS, redis_url=s.redis_url, mongo_url=s.mongo_url,
+                         amqp_url=s.amqp_url)
+
+
+@pytest.fixture(scope="session")
+async def redis_client(run_namespace: str) -> AsyncIterator[aioredis.Redis]:
     r = aioredis.Redis.from_url(base_settings().redis_url)
     yield r
-    async for key in r.scan_iter(match=f"{RUN_NS}*", count=1000):
-        await r.delete(key)
     await r.aclose()
 
 
 @pytest.fixture(scope="session")
-async def mongo_db(redis_client: aioredis.Redis) -> AsyncIterator[Any]:
+async def mongo_db(run_namespace: str) -> AsyncIterator[Any]:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(base_settings().mongo_url)
-    yield client[RUN_NS]
-    await client.drop_database(RUN_NS)
+    yield client[run_namespace]
     await client.close()
 
 
 @pytest.fixture
 async def make_node(mongo_db: Any) -> AsyncIterator[NodeFactory]:
+    """In-process nodes of this run's namespace, closed after the test."""
     nodes: list[Node] = []
 
     async def factory(**overrides: Any) -> Node:
@@ -80,35 +101,51 @@ async def node(make_node: NodeFactory) -> Node:
 
 
 @pytest.fixture
-async def connect() -> AsyncIterator[Callable[..., Awaitable[WsClient]]]:
-    clients: list[WsClient] = []
+async def node_process(mongo_db: Any) -> AsyncIterator[Callable[..., Awaitable[NodeProcess]]]:
+    """Nodes as processes (``python -m gateway serve``), stopped after the test."""
+    procs: list[NodeProcess] = []
 
-    async def factory(node: Node, user: str, **kw: Any) -> WsClient:
-        c = await WsClient.open(node.ws_port, token(user), **kw)
-        clients.append(c)
-        return c
+    async def factory(**settings: Any) -> NodeProcess:
+        env = node_env(namespace=RUN_NS, auth_secret=SECRET, ws_port=0, http_port=0,
+                       **settings)
+        proc = NodeProcess(env)
+        procs.append(proc)
+        return await proc.start()
 
     yield factory
-    for c in clients:
-        await c.close()
+    for proc in procs:
+        await proc.stop(grace_s=5)
 
 
 @pytest.fixture
-async def http(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
-    """HTTP clients as a user, to ``target`` or (started only if asked for) the
-    default ``node`` fixture."""
-    clients: list[httpx.AsyncClient] = []
+async def connect() -> AsyncIterator[Callable[..., Awaitable[Device]]]:
+    """Devices of a user on a node (anything with ``ws_port``), closed after the test."""
+    devices: list[Device] = []
 
-    def factory(user: str, target: Node | None = None) -> httpx.AsyncClient:
-        port = (target or request.getfixturevalue("node")).http_port
-        c = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
-                              headers={"Authorization": f"Bearer {token(user)}"}, timeout=10)
-        clients.append(c)
-        return c
+    async def factory(node: Any, user: str, **kw: Any) -> Device:
+        d = await Device.open(node.ws_port, token(user), **kw)
+        devices.append(d)
+        return d
 
     yield factory
-    for c in clients:
-        await c.aclose()
+    for d in devices:
+        await d.close()
+
+
+@pytest.fixture
+async def http(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., HttpUser]]:
+    """HTTP users, to ``target`` or (started only if asked for) the default ``node``."""
+    users: list[HttpUser] = []
+
+    def factory(user: str, target: Any = None) -> HttpUser:
+        port = (target or request.getfixturevalue("node")).http_port
+        u = HttpUser(port, token(user))
+        users.append(u)
+        return u
+
+    yield factory
+    for u in users:
+        await u.aclose()
 
 
 @pytest.fixture
@@ -118,15 +155,24 @@ async def private() -> AsyncIterator[Callable[[str], Awaitable[PrivateServer]]]:
 
     async def factory(kind: str) -> PrivateServer:
         server = PrivateServer(kind)
-        await server.start()
         servers.append(server)
-        return server
+        return await server.start()
 
     yield factory
     for server in servers:
         await server.stop_and_clean()
 
 
-def uid(prefix: str = "u") -> str:
-    """A user id unique to this test run and call."""
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
+@pytest.fixture
+async def proxy() -> AsyncIterator[Callable[[int], Awaitable[TcpProxy]]]:
+    """TCP proxies on 127.0.0.1 in front of a local port, to cut and slow a link."""
+    proxies: list[TcpProxy] = []
+
+    async def factory(target_port: int) -> TcpProxy:
+        p = TcpProxy(target_port)
+        proxies.append(p)
+        return await p.start()
+
+    yield factory
+    for p in proxies:
+        await p.close()

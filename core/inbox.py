@@ -1,0 +1,99 @@
+"""Inbox arithmetic: group unread, the sync merge, the conversations merge.
+
+Items stay opaque (stored bytes wrapped for the encoder, or dicts read from
+MongoDB): these functions only look at the mids they are paired with.
+
+- Group unread is the group's seq minus the member's read seq, never
+  counting what came before the member joined (``from_seq``).
+- ``/v1/sync`` merges the user's own page (offline store or boxes) with the
+  read-diffused group messages; each source was read with ``limit + 1``, so
+  the merged head is exact and "more" is known without another read.
+- Conversations: 1:1 rows and group rows, newest first by last mid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = [
+    "GroupRow",
+    "busy_groups",
+    "group_conversation_row",
+    "group_unread",
+    "merge_conversations",
+    "merge_group_pages",
+    "merge_sync",
+]
+
+T = TypeVar("T")
+L = TypeVar("L")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow(Generic[L]):
+    """One group's line in the conversation list.
+
+    ``mid`` is the sort key: the group's last mid when ``last`` shows, else 0
+    (the group sorts after every conversation with a message).
+    """
+
+    conv: str
+    unread: int
+    last: L | None
+    mid: int
+
+
+def group_unread(seq: int, read_seq: int, from_seq: int) -> int:
+    """Messages of a group the member has not read, since it joined."""
+    return max(0, seq - max(read_seq, from_seq))
+
+
+def group_conversation_row(
+    group: str, seq: int, lastmid: int, last: L | None, from_seq: int, read_seq: int
+) -> GroupRow[L]:
+    """A member's row for a group in state (``seq``, ``lastmid``, ``last``).
+
+    ``last`` shows only if the newest message came after the member joined
+    (``seq > from_seq``): a member never sees a message from before it joined.
+    """
+    shown = last if last and seq > from_seq else None
+    return GroupRow(f"g:{group}", group_unread(seq, read_seq, from_seq), shown,
+                    lastmid if shown is not None else 0)
+
+
+def merge_sync(
+    rows: Sequence[tuple[int, T]], extra: Sequence[tuple[int, T]], limit: int
+) -> tuple[list[T], list[int], bool]:
+    """Merge two mid-ascending pages: (items, their mids, more than ``limit``).
+
+    Equal mids keep ``rows`` first. ``rows`` alone is taken as it came.
+    """
+    merged = sorted([*rows, *extra], key=_mid) if extra else list(rows)
+    head = merged[:limit]
+    return [item for _, item in head], [mid for mid, _ in head], len(merged) > limit
+
+
+def busy_groups(rdmids: Mapping[str, int], since: int) -> list[str]:
+    """Groups with a read-diffused message after ``since`` (the others have none)."""
+    return [group for group, rdmid in rdmids.items() if rdmid > since]
+
+
+def merge_group_pages(
+    pages: Iterable[Sequence[tuple[int, T]]], limit: int
+) -> list[tuple[int, T]]:
+    """Several groups' ascending pages as one, oldest first, at most ``limit``."""
+    return sorted((row for page in pages for row in page), key=_mid)[:limit]
+
+
+def merge_conversations(
+    direct_rows: Sequence[tuple[int, T]], group_rows: Sequence[tuple[int, T]], limit: int
+) -> list[T]:
+    """Rows newest first by mid (equal mids: 1:1 rows first), at most ``limit``."""
+    merged = sorted([*direct_rows, *group_rows], key=_mid, reverse=True)
+    return [row for _, row in merged[:limit]]
+
+
+def _mid(row: tuple[int, object]) -> int:
+    return row[0]

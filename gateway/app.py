@@ -1,0 +1,133 @@
+"""The composition root: the one place a node's objects are built, in
+dependency order, each handed only the interfaces it uses.
+
+    stores (store/ports.py) ─┐
+    connection maps ─────────┼─► router ─► services ─► sessions, HTTP API
+    broker, bindings ────────┘
+
+Nothing else constructs a service, and no service reaches through another:
+a service's constructor lists everything it talks to. ``gateway.node``
+(lifecycle: listeners, lease, heartbeat, drain) calls ``compose`` once the
+node has its number and name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from core.ids import MidGenerator
+from gateway.bindings import Bindings
+from gateway.chat import ChatService
+from gateway.claims import Claims
+from gateway.config import Settings
+from gateway.conversations import Conversations
+from gateway.feed import FeedService, feed_frame
+from gateway.group_presence import GroupPresence
+from gateway.grouphub import GroupHub
+from gateway.groups import GroupService
+from gateway.http_api import HttpDeps, build_http
+from gateway.hub import Hub
+from gateway.live import LiveRooms
+from gateway.metrics import NodeMetrics
+from gateway.registry import Registry, Replay
+from gateway.rooms import RoomHub, RoomLimits
+from gateway.session import Sessions
+from router import Router, make_broker
+from router.group_fanout import GroupDiffusion
+from router.routing import parse_key
+from router.timeline_fanout import TimelineFanout
+from store import Stores
+
+__all__ = ["App", "compose"]
+
+Step = tuple[str, Callable[[], Awaitable[object]]]
+
+
+@dataclass(frozen=True)
+class App:
+    """Everything one node serves with, built by ``compose``."""
+
+    hub: Hub
+    room_hub: RoomHub
+    group_hub: GroupHub
+    bindings: Bindings
+    router: Router
+    claims: Claims
+    chat: ChatService
+    groups: GroupService
+    group_presence: GroupPresence
+    conversations: Conversations
+    live: LiveRooms
+    feed: FeedService
+    registry: Registry
+    replay: Replay
+    sessions: Sessions
+    http: FastAPI
+
+    async def start(self) -> None:
+        """Connect to the broker (raises if it cannot), start background work."""
+        await self.router.start()
+        self.feed.start()
+
+    def key_in_use(self, key: str) -> bool:
+        """Whether a broker routing key still has a local member."""
+        kind, name = parse_key(key)
+        return name in (self.group_hub.members if kind == "group" else self.room_hub.members)
+
+    async def tick(self) -> None:
+        """Room housekeeping (every ``IM_ROOM_REPORT_S``)."""
+        await self.live.tick()
+        await self.bindings.sweep(time.monotonic(), self.key_in_use)
+        self.bindings.tick_metrics()
+
+    def closers(self) -> list[Step]:
+        """Ordered shutdown steps after the listeners: work in flight first, the
+        broker last (pushes of what was flushed still go out)."""
+        return [("route writes", self.registry.close), ("claims", self.claims.close),
+                ("chat", self.chat.close),
+                ("rooms", self.live.close), ("groups", self.groups.close),
+                ("group loads", self.group_presence.close), ("feed", self.feed.close),
+                ("replay", self.replay.close), ("broker", self.router.close)]
+
+
+def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: str,
+            number: int, draining: Callable[[], bool],
+            healthy: Callable[[], Awaitable[bool]]) -> App:
+    """Build a node's objects for node ``name`` holding number ``number``."""
+    s = settings
+    batch = {"max_batch": s.batch_max, "max_pending": s.pending_max}
+    hub = Hub(metrics, s.write_buffer_max)
+    room_hub = RoomHub(hub, metrics, RoomLimits(
+        window_s=s.room_window_ms / 1000, rate_cap=s.room_rate_cap, frame_max=s.max_frame,
+        buffer_max=s.room_buffer_max, pending_max=s.room_pending_max))
+    group_hub = GroupHub(hub)
+    broker = make_broker(s.broker, s.amqp_url, s.namespace)
+    bindings = Bindings(broker, metrics, s.room_unbind_delay_s, int(60 / s.room_report_s))
+    presence = GroupPresence(group_hub, bindings, stores.group_cache, **batch)
+    replay = Replay(hub, stores.offline, metrics)
+    router = Router(name, hub, broker, stores.routes, rooms=room_hub, groups=group_hub,
+                    on_control=presence.apply_control, on_resume=replay.resumed)
+    mids = MidGenerator(number)
+    claims = Claims(stores.dedup, observe=metrics.stage_observer("dedup"), **batch)
+    chat = ChatService(claims, stores.messages, stores.offline, mids, s, metrics)
+    diffusion = GroupDiffusion(stores.group_cache, stores.messages, stores.offline)
+    groups = GroupService(stores.groups, stores.group_cache, claims, mids, diffusion,
+                          stores.offline, router, s, metrics)
+    conversations = Conversations(chat, groups, s.sync_settle_ms)
+    live = LiveRooms(name, s, metrics, room_hub, router, stores.rooms, bindings)
+    fanout = TimelineFanout(stores.posts, stores.follows, stores.timelines, stores.feed_cache,
+                            router, feed_frame, timeline_max=s.feed_timeline_max,
+                            queue_max=s.feed_queue_max)
+    feed = FeedService(stores.follows, stores.posts, stores.timelines, stores.feed_cache,
+                       stores.counters, fanout, mids, s)
+    registry = Registry(name, hub, stores.routes, presence, live, **batch)
+    sessions = Sessions(s, registry, chat, groups, conversations, live, router, metrics,
+                        draining)
+    http = build_http(HttpDeps(name, s.auth_secret, chat, conversations, groups, feed, live,
+                               metrics, healthy))
+    return App(hub, room_hub, group_hub, bindings, router, claims, chat, groups, presence,
+               conversations, live, feed, registry, replay, sessions, http)

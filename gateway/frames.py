@@ -1,0 +1,34 @@
+"""Client frames built from store records (docs/protocol.md): the one place a
+stored message becomes the ``msg`` / ``group_msg`` a client sees. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.ids import mid_time_ms
+from gateway.protocol import encode
+from store.records import ChatMessage, GroupMessage, StoredMessage
+
+__all__ = ["encode_group", "frame_of", "group_frame", "msg_frame"]
+
+
+def msg_frame(m: ChatMessage) -> dict[str, Any]:
+    """The ``msg`` push / sync entry."""
+    return {"op": "msg", "mid": m.mid, "from": m.sender, "to": m.to, "body": m.body,
+            "ts": mid_time_ms(m.mid)}
+
+
+def group_frame(m: GroupMessage) -> dict[str, Any]:
+    """The ``group_msg`` push / sync entry."""
+    return {"op": "group_msg", "mid": m.mid, "seq": m.seq, "group": m.group,
+            "from": m.sender, "body": m.body, "ts": mid_time_ms(m.mid)}
+
+
+def frame_of(m: StoredMessage) -> dict[str, Any]:
+    return group_frame(m) if isinstance(m, GroupMessage) else msg_frame(m)
+
+
+def encode_group(m: GroupMessage) -> bytes:
+    """A group message encoded once: pushed, kept as the group's ``last``, and
+    written to write-diffused members' offline stores, the same bytes."""
+    return encode(group_frame(m))

@@ -1,0 +1,147 @@
+"""The decisions of one WebSocket session, without I/O: a frame in, actions out.
+
+Like websockets' ``protocol.py``, this core is fed what the socket received
+(``receive``) and answers with what to do; the asyncio layer only carries
+it out. It parses and validates the frame, counts bad frames (closing the
+connection at the limit), spends the connection's send tokens, answers
+pings, and says which ops run as tasks and which are handled at once. The
+clock is passed in.
+
+Actions, in the order they are to be carried out:
+- ``Accepted(op)``: a valid frame arrived (the ``frames_in`` metric's label);
+- ``Reply(data, error)``: write these bytes; ``error`` is the protocol error
+  code when they are an error frame (the ``errors`` metric's label);
+- ``Spawn(frame)``: run the op as a task (bounded per connection by the driver);
+- ``Inline(frame)``: handle the op at once, no task (``room_send``);
+- ``Close(code, reason, why)``: close the connection; ``why`` labels the metric.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.ratelimit import TokenBucket
+from gateway import protocol as p
+from gateway.errors import ProtocolError
+
+__all__ = [
+    "Accepted",
+    "Action",
+    "Close",
+    "Inline",
+    "Reply",
+    "SessionCore",
+    "SessionLimits",
+    "Spawn",
+    "TaskFrame",
+]
+
+# RFC 6455 7.4.1: "1008 indicates that an endpoint is terminating the
+# connection because it has received a message that violates its policy."
+POLICY_VIOLATION = 1008
+
+TaskFrame = p.Send | p.GroupSend | p.Read | p.RecvAck | p.Join | p.Leave
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """Per-connection limits: body bytes, bad frames before close, send rate."""
+
+    max_body: int
+    bad_frame_limit: int
+    send_rate: float
+    send_burst: int
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A valid frame of op ``op`` (the frame class name, lowercased)."""
+
+    op: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Bytes to write; ``error`` is the code when they are an error frame."""
+
+    data: bytes
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Run this op as a task."""
+
+    frame: TaskFrame
+
+
+@dataclass(frozen=True, slots=True)
+class Inline:
+    """Handle this op at once, without a task."""
+
+    frame: p.RoomSend
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the connection with ``code`` and ``reason``; ``why`` labels the metric."""
+
+    code: int
+    reason: str
+    why: str
+
+
+Action = Accepted | Reply | Spawn | Inline | Close
+
+
+class SessionCore:
+    """One connection's frame handling: bad-frame count and send token bucket."""
+
+    def __init__(self, limits: SessionLimits, now: float) -> None:
+        self.limits = limits
+        self._bucket = TokenBucket(limits.send_rate, limits.send_burst, now)
+        self._bad_frames = 0
+
+    @property
+    def bad_frames(self) -> int:
+        """Frames refused so far on this connection."""
+        return self._bad_frames
+
+    def receive(self, data: str | bytes, now: float) -> list[Action]:
+        """What to do with one frame the client sent at ``now``."""
+        try:
+            frame = p.parse_frame(data, self.limits.max_body)
+        except ProtocolError as err:
+            return self._refuse(err)
+        return [Accepted(type(frame).__name__.lower()), self._dispatch(frame, now)]
+
+    def _dispatch(self, frame: p.Frame, now: float) -> Action:
+        if isinstance(frame, p.Send | p.GroupSend):
+            if not self._bucket.take(now):
+                return _error(ProtocolError("rate_limited", "too many sends", frame.id))
+            return Spawn(frame)
+        if isinstance(frame, p.Ping):
+            return Reply(_pong(frame.id))
+        if isinstance(frame, p.Read | p.RecvAck | p.Join | p.Leave):
+            return Spawn(frame)
+        if isinstance(frame, p.RoomSend):
+            return Inline(frame)
+        # Every op parse_frame accepts is served above; a new one must be added here.
+        name = type(frame).__name__
+        return _error(ProtocolError("bad_request", f"op {name} is not served",
+                                    getattr(frame, "id", None)))
+
+    def _refuse(self, err: ProtocolError) -> list[Action]:
+        actions: list[Action] = [_error(err)]
+        self._bad_frames += 1
+        if self._bad_frames >= self.limits.bad_frame_limit:
+            actions.append(Close(POLICY_VIOLATION, "too many bad frames", "bad_frames"))
+        return actions
+
+
+def _error(err: ProtocolError) -> Reply:
+    return Reply(p.error_frame(err), err.code)
+
+
+def _pong(rid: object) -> bytes:
+    return p.encode({"op": "pong"} if rid is None else {"op": "pong", "re": rid})

@@ -1,0 +1,74 @@
+"""Post counters in Redis (``CounterStore``, seed 001): reposts, comments and
+likes move here and are flushed to MongoDB in the background; a hash that lost
+its state merges MongoDB's flushed values back in (``counter_merge.lua``), so
+no change is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from store.keys import Keys
+from store.redis_client import load_lua, redis_guard
+
+__all__ = ["COUNT_FIELDS", "CountersRedis"]
+
+COUNT_FIELDS = {"r": "reposts", "c": "comments", "l": "likes"}
+
+
+class CountersRedis:
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self._count = redis.register_script(load_lua("counter.lua"))
+        self._merge = redis.register_script(load_lua("counter_merge.lua"))
+
+    async def bump(self, post: int, field: str, delta: int = 1) -> None:
+        async with redis_guard():
+            await self._count(keys=[self.keys.post_counts(post), self.keys.dirty_counts()],
+                              args=[field, delta, post])
+
+    async def counts(self, docs: Sequence[dict[str, Any]]) -> dict[int, dict[str, int]]:
+        """Counts of these posts (documents as read from MongoDB), one round trip;
+        a hash that lost its merged state gets MongoDB's flushed counts added."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for d in docs:
+                c = d.get("counts") or {}
+                await self._merge(keys=[self.keys.post_counts(d["_id"])],
+                                  args=[c.get("reposts", 0), c.get("comments", 0),
+                                        c.get("likes", 0)], client=pipe)
+            raw = await pipe.execute()
+        return {d["_id"]: {name: int(v or 0) for name, v in
+                           zip(COUNT_FIELDS.values(), r, strict=True)}
+                for d, r in zip(docs, raw, strict=True)}
+
+    async def dirty(self, n: int) -> tuple[dict[int, dict[str, int]], list[int]]:
+        """Take up to ``n`` changed counters to flush: (merged counts, ids whose
+        hash still needs MongoDB's values merged in first)."""
+        async with redis_guard():
+            ids = [int(x) for x in await self.redis.spop(  # type: ignore[misc]
+                self.keys.dirty_counts(), n) or ()]
+            if not ids:
+                return {}, []
+            pipe = self.redis.pipeline(transaction=False)
+            for p in ids:
+                pipe.hgetall(self.keys.post_counts(p))
+            raw = await pipe.execute()
+        out: dict[int, dict[str, int]] = {}
+        unmerged: list[int] = []
+        for p, h in zip(ids, raw, strict=True):
+            if h.get(b"ok") == b"1":
+                out[p] = {name: int(h.get(f.encode(), 0)) for f, name in COUNT_FIELDS.items()}
+            else:
+                unmerged.append(p)
+        return out, unmerged
+
+    async def redirty(self, ids: Iterable[int]) -> None:
+        ids = list(ids)
+        if ids:
+            async with redis_guard():
+                await self.redis.sadd(self.keys.dirty_counts(), *ids)  # type: ignore[misc]

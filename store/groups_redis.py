@@ -1,0 +1,236 @@
+"""Groups in Redis: caches of MongoDB's truth that the hot paths read.
+
+- ``gs:{g:G}``: the group's seq, newest message and newest read-diffused mid
+  (``group_state.lua``: every field only moves forward). ``ok`` marks a hash
+  filled from MongoDB; a hash without it (Redis lost the key, or only a
+  send wrote to it since) is merged with MongoDB's values on first read.
+- ``gm:{g:G}``: the member set; ``ug:{user}``: the user's groups with the seq
+  each membership starts after and the read seq. Both carry the marker
+  ``~`` once complete; without it they are rebuilt from MongoDB.
+
+Nothing here is the only copy of anything: a flushed Redis costs a rebuild,
+never a wrong seq (seqs come from MongoDB) or a lost membership.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+
+import redis.asyncio as aioredis
+
+from store.errors import Unavailable
+from store.keys import Keys
+from store.ports import GroupStore
+from store.records import GroupMessage, GroupState, Membership
+from store.redis_client import load_lua, redis_guard
+
+__all__ = ["GroupCacheRedis"]
+
+MARK = "~"  # not a valid id: marks a set or hash as complete
+
+
+class GroupCacheRedis:
+    """Redis side of groups (``GroupCache``), rebuilt from ``GroupStore`` when incomplete.
+
+    ``encode_last`` turns the newest message into the bytes kept as the
+    group's ``last`` (the client frame: the gateway's, handed in).
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, store: GroupStore,
+                 encode_last: Callable[[GroupMessage], bytes]) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.store = store
+        self.encode_last = encode_last
+        self._state = redis.register_script(load_lua("group_state.lua"))
+        self._read = redis.register_script(load_lua("read_seq.lua"))
+
+    # -- members ---------------------------------------------------------------
+    async def is_member(self, group: str, user: str) -> bool:
+        key = self.keys.group_members(group)
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.sismember(key, user)
+            pipe.sismember(key, MARK)
+            member, complete = await pipe.execute()
+        if complete:
+            return bool(member)
+        return user in await self._rebuild_members(group)
+
+    async def members(self, groups: Iterable[str]) -> dict[str, list[str]]:
+        groups = list(groups)
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for g in groups:
+                pipe.smembers(self.keys.group_members(g))
+            raw = await pipe.execute()
+        out: dict[str, list[str]] = {}
+        for g, members in zip(groups, raw, strict=True):
+            names = {m.decode() for m in members}
+            out[g] = sorted(names - {MARK}) if MARK in names else await self._rebuild_members(g)
+        return out
+
+    async def sizes(self, groups: Iterable[str]) -> dict[str, int]:
+        groups = list(groups)
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for g in groups:
+                pipe.scard(self.keys.group_members(g))
+                pipe.sismember(self.keys.group_members(g), MARK)
+            raw = await pipe.execute()
+        out: dict[str, int] = {}
+        for i, g in enumerate(groups):
+            n, complete = raw[2 * i], raw[2 * i + 1]
+            out[g] = n - 1 if complete else len(await self._rebuild_members(g))
+        return out
+
+    async def _rebuild_members(self, group: str) -> list[str]:
+        members = await self.store.member_ids(group)
+        async with redis_guard():
+            await self.redis.sadd(self.keys.group_members(group), MARK, *members)
+        return members
+
+    async def added(self, group: str, users: Sequence[str], from_seq: int,
+                    complete: bool = False) -> None:
+        """MongoDB took new members: mirror it (a partial key is rebuilt on read).
+        ``complete``: ``users`` are all the members (a new group)."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.sadd(self.keys.group_members(group), *users, *([MARK] if complete else []))
+            for u in users:
+                pipe.hset(self.keys.user_groups(u), mapping={group: from_seq,
+                                                             f"r:{group}": from_seq})
+            await pipe.execute()
+
+    async def removed(self, group: str, user: str) -> None:
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.srem(self.keys.group_members(group), user)
+            pipe.hdel(self.keys.user_groups(user), group, f"r:{group}")
+            await pipe.execute()
+
+    # -- a user's groups ---------------------------------------------------------
+    async def user_groups(self, user: str) -> dict[str, Membership]:
+        """The user's groups; from MongoDB alone while Redis is down."""
+        try:
+            return await self._user_groups(user)
+        except Unavailable:
+            return await self.store.user_groups(user)
+
+    async def _user_groups(self, user: str) -> dict[str, Membership]:
+        key = self.keys.user_groups(user)
+        async with redis_guard():
+            got: dict[bytes, bytes] = await self.redis.hgetall(key)  # type: ignore[assignment]
+        raw = {k.decode(): int(v) for k, v in got.items()}
+        if MARK not in raw:
+            docs = await self.store.user_groups(user)
+            async with redis_guard():
+                pipe = self.redis.pipeline(transaction=False)
+                self._fill_user(pipe, key, docs)
+                pipe.hgetall(key)
+                raw = {k.decode(): int(v) for k, v in (await pipe.execute())[-1].items()}
+        return {g: Membership(v, raw.get(f"r:{g}", v)) for g, v in raw.items()
+                if g != MARK and not g.startswith("r:")}
+
+    async def groups_of(self, users: Sequence[str]) -> list[list[str]]:
+        """The group ids of each user, one Redis round trip for all of them (a
+        connect storm); users whose hash is incomplete are rebuilt from MongoDB
+        (an indexed find each, concurrently) in one more round trip."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for u in users:
+                pipe.hgetall(self.keys.user_groups(u))
+            raw: list[dict[bytes, bytes]] = await pipe.execute()
+        out: list[list[str]] = []
+        missing: list[int] = []
+        for i, h in enumerate(raw):
+            if MARK.encode() not in h:
+                missing.append(i)
+            out.append([k.decode() for k in h if k != MARK.encode() and not k.startswith(b"r:")])
+        if missing:
+            found = await asyncio.gather(*(self.store.user_groups(users[i]) for i in missing))
+            async with redis_guard():
+                pipe = self.redis.pipeline(transaction=False)
+                for i, docs in zip(missing, found, strict=True):
+                    self._fill_user(pipe, self.keys.user_groups(users[i]), docs)
+                    out[i] = sorted(set(out[i]) | set(docs))
+                await pipe.execute()
+        return out
+
+    @staticmethod
+    def _fill_user(pipe: aioredis.client.Pipeline, key: str,
+                   docs: dict[str, Membership]) -> None:
+        """Queue a rebuild of one user's groups hash from MongoDB's memberships."""
+        for g, m in docs.items():  # HSETNX: a newer read seq already here stays
+            pipe.hsetnx(key, g, m.from_seq)
+            pipe.hsetnx(key, f"r:{g}", m.read_seq)
+        pipe.hset(key, MARK, 1)
+
+    async def set_read(self, user: str, group: str, seq: int) -> int | None:
+        """Move the read seq forward; None if ``user`` is not a member."""
+        await self.user_groups(user)  # make sure the hash is complete
+        async with redis_guard():
+            value = await self._read(keys=[self.keys.user_groups(user)], args=[group, seq])
+        return None if value is None or value is False else int(value)
+
+    # -- group state --------------------------------------------------------------
+    async def states(self, groups: Iterable[str]) -> dict[str, GroupState]:
+        """Each group's state; from MongoDB alone while Redis is down."""
+        groups = list(groups)
+        try:
+            return await self._states(groups)
+        except Unavailable:
+            out: dict[str, GroupState] = {}
+            for g in groups:
+                doc = await self.store.get(g) or {}
+                last = await self.store.last(g)
+                out[g] = GroupState(int(doc.get("seq", 0)), int(doc.get("lastmid", 0)),
+                                    self.encode_last(last) if last else None,
+                                    int(doc.get("rdmid", 0)))
+            return out
+
+    async def _states(self, groups: list[str]) -> dict[str, GroupState]:
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for g in groups:
+                pipe.hgetall(self.keys.group_state(g))
+            raw = await pipe.execute()
+        missing = [g for g, h in zip(groups, raw, strict=True) if b"ok" not in h]
+        rebuilt = dict(zip(missing, await asyncio.gather(*(self._rebuild_state(g)
+                                                           for g in missing)), strict=True))
+        out: dict[str, GroupState] = {}
+        for g, h in zip(groups, raw, strict=True):
+            h = rebuilt.get(g, h)
+            out[g] = GroupState(int(h.get(b"seq", 0)), int(h.get(b"lastmid", 0)),
+                                h.get(b"last"), int(h.get(b"rdmid", 0)))
+        return out
+
+    async def _rebuild_state(self, group: str) -> dict[bytes, bytes]:
+        doc = await self.store.get(group) or {}
+        last = await self.store.last(group)
+        async with redis_guard():
+            await self._state(keys=[self.keys.group_state(group)], args=[
+                doc.get("seq", 0), doc.get("lastmid", 0),
+                self.encode_last(last) if last else "", doc.get("rdmid", 0), "1"])
+            raw: dict[bytes, bytes] = await self.redis.hgetall(  # type: ignore[assignment]
+                self.keys.group_state(group))
+        return raw
+
+    async def created(self, group: str) -> None:
+        """A new group's state is known in full: seq 0, no message."""
+        async with redis_guard():
+            await self._state(keys=[self.keys.group_state(group)], args=[0, 0, "", 0, "1"])
+
+    async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
+                     senders: Sequence[tuple[str, str, int]] = ()) -> None:
+        """After a batch: (group, seq, lastmid, encoded newest message, rdmid) per
+        group, and (user, group, seq) per sender: its own messages are read."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for g, seq, lastmid, last, rdmid in updates:
+                await self._state(keys=[self.keys.group_state(g)],
+                                  args=[seq, lastmid, last, rdmid, "0"], client=pipe)
+            for user, g, seq in senders:
+                await self._read(keys=[self.keys.user_groups(user)], args=[g, seq], client=pipe)
+            await pipe.execute()

@@ -1,0 +1,296 @@
+"""One small Protocol per store boundary; the services see only these.
+
+Implementations are named by suffix (``offline_redis.py``, ``messages_mongo.py``,
+...) and built by ``store.open_stores``. Every method raises
+``core.errors.Unavailable`` when its server cannot answer: nothing was stored.
+Unit tests build services from fakes of these Protocols; integration tests
+use the real implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from store.records import (
+    ChatMessage,
+    ConversationRow,
+    Delivery,
+    GroupMessage,
+    GroupState,
+    Membership,
+    OfflinePage,
+    StoredMessage,
+)
+
+__all__ = [
+    "CounterStore",
+    "DedupStore",
+    "FeedCache",
+    "FollowStore",
+    "GroupCache",
+    "GroupStore",
+    "MessageStore",
+    "NodeDirectory",
+    "NodeLease",
+    "OfflineStore",
+    "PostStore",
+    "RoomCountStore",
+    "RouteStore",
+    "TimelineStore",
+]
+
+Doc = dict[str, Any]  # a post or user-profile document of the feed, as stored
+
+
+class DedupStore(Protocol):
+    """(sender, cmid) -> the mid it was first stored under (``core.dedup`` values)."""
+
+    async def claim(self, claims: Sequence[tuple[str, str, int]]) -> list[str | None]:
+        """For each (sender, cmid, new mid): None if new, else the stored value."""
+        ...
+
+
+class OfflineStore(Protocol):
+    """Per-user fast state: offline entries, unread counts, conversation list."""
+
+    async def deliver(self, deliveries: Sequence[Delivery],
+                      acked: Sequence[tuple[str, str, str]], *, routes: bool = True
+                      ) -> list[dict[str, str]]:
+        """Record the deliveries, set each (sender, cmid) dedup value (acked), and
+        read each owner's routes, in one round trip; one routes dict per delivery."""
+        ...
+
+    async def mark_read(self, user: str, conv: str, mid: int) -> int: ...
+
+    async def ack(self, user: str, *, mids: Sequence[int] = (), upto: int = -1) -> None: ...
+
+    async def page(self, user: str, since: int, count: int) -> OfflinePage: ...
+
+    async def recent(self, users: Sequence[str], since: int, count: int
+                     ) -> list[list[bytes]]: ...
+
+    async def conversations(self, user: str, count: int
+                            ) -> tuple[int, list[ConversationRow]]: ...
+
+    async def ping(self) -> None: ...
+
+
+class MessageStore(Protocol):
+    """Durable message bodies and per-user boxes (the truth sync falls back on)."""
+
+    async def store_batch(self, msgs: Sequence[ChatMessage]) -> list[int | BaseException]:
+        """Per message the authoritative mid (its own, or the original one)."""
+        ...
+
+    async def box_page(self, owner: str, *, conv: str | None = None,
+                       after: int | None = None, before: int | None = None,
+                       limit: int = 50) -> list[StoredMessage]: ...
+
+    async def add_group_boxes(self, entries: Sequence[tuple[GroupMessage, Sequence[str]]]
+                              ) -> None:
+        """A box entry per (message, member) of write-diffused groups; idempotent."""
+        ...
+
+    async def ping(self) -> None: ...
+
+    async def ensure_indexes(self) -> None: ...
+
+
+class RouteStore(Protocol):
+    """user -> {connection: node} for every connected device."""
+
+    async def add(self, routes: Sequence[tuple[str, str, int]]) -> None: ...
+
+    async def remove(self, routes: Sequence[tuple[str, str, int]]) -> None: ...
+
+    async def lookup(self, users: Sequence[str]) -> list[dict[str, str]]: ...
+
+    async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None: ...
+
+
+class NodeDirectory(Protocol):
+    """Which nodes are alive (heartbeats)."""
+
+    async def heartbeat(self, node: str, ttl_s: float) -> dict[str, float]: ...
+
+    async def leave(self, node: str) -> None: ...
+
+
+class NodeLease(Protocol):
+    """The node number (mid node bits) a node holds while it lives."""
+
+    token: str
+    number: int
+
+    async def acquire(self, wanted: int = -1) -> int: ...
+
+    async def renew(self) -> bool: ...
+
+    async def release(self) -> None: ...
+
+
+class RoomCountStore(Protocol):
+    """Live-room member counts per node."""
+
+    async def report(self, node: str, counts: Mapping[str, int]) -> dict[str, int]: ...
+
+    async def totals(self, rooms: Iterable[str]) -> dict[str, int]: ...
+
+    async def forget_node(self, node: str, rooms: Iterable[str]) -> None: ...
+
+
+class GroupStore(Protocol):
+    """Groups' durable truth: members, the seq counter, one copy per message."""
+
+    async def create(self, group: str, name: str, owner: str, members: Sequence[str]
+                     ) -> None: ...
+
+    async def get(self, group: str) -> Doc | None: ...
+
+    async def add_members(self, group: str, users: Sequence[str]) -> tuple[list[str], int]: ...
+
+    async def remove_member(self, group: str, user: str) -> bool: ...
+
+    async def member_ids(self, group: str) -> list[str]: ...
+
+    async def user_groups(self, user: str) -> dict[str, Membership]: ...
+
+    async def set_reads(self, reads: Sequence[tuple[str, str, int]]) -> None: ...
+
+    async def allocate(self, group: str, n: int, lastmid: int, rdmid: int) -> int: ...
+
+    async def insert(self, msgs: Sequence[GroupMessage]
+                     ) -> list[GroupMessage | BaseException]: ...
+
+    async def fill(self, msgs: Sequence[GroupMessage]) -> None: ...
+
+    async def page(self, group: str, *, from_seq: int, after: int | None = None,
+                   before: int | None = None, limit: int = 50, only_rd: bool = False
+                   ) -> list[GroupMessage]: ...
+
+    async def seq_of(self, group: str, mid: int) -> int | None: ...
+
+    async def last(self, group: str) -> GroupMessage | None: ...
+
+
+class GroupCache(Protocol):
+    """The groups' hot state in Redis, rebuilt from ``GroupStore`` when incomplete."""
+
+    async def is_member(self, group: str, user: str) -> bool: ...
+
+    async def members(self, groups: Iterable[str]) -> dict[str, list[str]]: ...
+
+    async def sizes(self, groups: Iterable[str]) -> dict[str, int]: ...
+
+    async def added(self, group: str, users: Sequence[str], from_seq: int,
+                    complete: bool = False) -> None: ...
+
+    async def removed(self, group: str, user: str) -> None: ...
+
+    async def user_groups(self, user: str) -> dict[str, Membership]: ...
+
+    async def groups_of(self, users: Sequence[str]) -> list[list[str]]: ...
+
+    async def set_read(self, user: str, group: str, seq: int) -> int | None: ...
+
+    async def states(self, groups: Iterable[str]) -> dict[str, GroupState]: ...
+
+    async def created(self, group: str) -> None: ...
+
+    async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
+                     senders: Sequence[tuple[str, str, int]] = ()) -> None: ...
+
+
+class FollowStore(Protocol):
+    """Follows both ways and the follow counts."""
+
+    async def follow(self, a: str, b: str) -> bool: ...
+
+    async def unfollow(self, a: str, b: str) -> bool: ...
+
+    async def page_ids(self, kind: str, user: str, after: str | None, limit: int
+                       ) -> list[str]: ...
+
+    async def all_following(self, user: str) -> list[str]: ...
+
+    async def user(self, user: str) -> Doc: ...
+
+
+class PostStore(Protocol):
+    """Posts, likes and the authors whose posts are pulled at read time."""
+
+    async def insert_post(self, doc: Doc) -> None: ...
+
+    async def get_posts(self, ids: Sequence[int]) -> dict[int, Doc]: ...
+
+    async def delete_post(self, post: int) -> None: ...
+
+    async def by_author(self, author: str, before: int | None, limit: int, *,
+                        top_level: bool = False, unpushed: bool = False) -> list[Doc]: ...
+
+    async def by_authors(self, authors: Sequence[str], before: int | None, limit: int
+                         ) -> list[Doc]: ...
+
+    async def comments_of(self, post: int, before: int | None, limit: int) -> list[Doc]: ...
+
+    async def set_fanout(self, post: int, state: str) -> None: ...
+
+    async def stuck_fanouts(self, older_than: int, limit: int = 100) -> list[Doc]: ...
+
+    async def flush_counts(self, counts: dict[int, dict[str, int]]) -> None: ...
+
+    async def like(self, post: int, user: str) -> bool: ...
+
+    async def pullers(self) -> dict[str, int]: ...
+
+
+class TimelineStore(Protocol):
+    """Per-user timelines: ids and sort keys only."""
+
+    async def push(self, post: int, author: str, users: Sequence[str]) -> None: ...
+
+    async def page(self, user: str, floor: int, before: int | None, limit: int
+                   ) -> list[tuple[int, str]]: ...
+
+    async def trim(self, user: str, keep: int) -> int | None: ...
+
+
+class FeedCache(Protocol):
+    """The feed's hot state in Redis (following sets, pullers, fan-outs under way,
+    timeline floors and growth)."""
+
+    async def following(self, user: str) -> set[str]: ...
+
+    async def followed(self, a: str, b: str, yes: bool) -> None: ...
+
+    async def pull_max(self, authors: Iterable[str]) -> dict[str, int]: ...
+
+    async def set_pull(self, author: str, post: int) -> None: ...
+
+    async def pending(self, author: str, post: int, yes: bool) -> None: ...
+
+    async def pending_below(self, before: int | None, limit: int = 1000
+                            ) -> list[tuple[str, int]]: ...
+
+    async def floor(self, user: str) -> int: ...
+
+    async def set_floor(self, user: str, value: int) -> None: ...
+
+    async def grew(self, users: Sequence[str], keep: int, slack: int) -> None: ...
+
+    async def due_trims(self, n: int) -> list[str]: ...
+
+    async def trimmed(self, user: str, keep: int) -> None: ...
+
+
+class CounterStore(Protocol):
+    """Post counters (reposts, comments, likes) in Redis, flushed to MongoDB."""
+
+    async def bump(self, post: int, field: str, delta: int = 1) -> None: ...
+
+    async def counts(self, docs: Sequence[Doc]) -> dict[int, dict[str, int]]: ...
+
+    async def dirty(self, n: int) -> tuple[dict[int, dict[str, int]], list[int]]: ...
+
+    async def redirty(self, ids: Iterable[int]) -> None: ...

@@ -1,0 +1,100 @@
+"""What crosses the store boundary: plain records, no driver types, no client frames.
+
+The gateway turns records into client frames (``gateway/frames.py``); the
+stores turn them into documents and keys. Encoded frames cross as opaque
+``bytes`` (the offline store keeps the bytes that were pushed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ChatMessage",
+    "ConversationRow",
+    "Delivery",
+    "GroupMessage",
+    "GroupState",
+    "InboxLimits",
+    "Membership",
+    "OfflinePage",
+    "StoredMessage",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """A 1:1 message as the send path hands it to the store."""
+
+    mid: int
+    sender: str
+    to: str
+    cmid: str
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMessage:
+    group: str
+    seq: int
+    mid: int
+    sender: str
+    cmid: str
+    body: Any
+    wd: bool  # also written to every member's box (write diffusion)
+
+
+StoredMessage = ChatMessage | GroupMessage  # what a box page holds
+
+
+@dataclass(frozen=True, slots=True)
+class InboxLimits:
+    offline_max: int = 1000
+    offline_ttl_s: int = 7 * 86_400
+    unread_cap: int = 9999
+    convs_max: int = 1000
+    dedup_ttl_s: int = 86_400
+    pending_ttl_s: int = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message to record for one user (the receiver, or the sender's copy)."""
+
+    owner: str
+    conv: str
+    mid: int
+    frame: bytes
+    unread: bool
+    conv_list: bool = True  # False: a group message (the group's row has its own state)
+
+
+@dataclass(frozen=True, slots=True)
+class OfflinePage:
+    """``complete`` False: the store cannot vouch for (since, ...]; ask MongoDB."""
+
+    complete: bool
+    rows: list[tuple[int, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRow:
+    conv: str
+    mid: int  # of the last message
+    unread: int
+    last: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    seq: int
+    lastmid: int
+    last: bytes | None
+    rdmid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    from_seq: int
+    read_seq: int

@@ -1,0 +1,15 @@
+"""One test kit for the tests and the benchmarks.
+
+Everything here talks to real servers on 127.0.0.1 and bounds every wait:
+
+- ``nodes``: gateway nodes as processes (``NodeProcess``).
+- ``servers``: private Redis / SecantusDB servers a test may kill (``PrivateServer``),
+  ``free_port``, ``wait_port``.
+- ``device``: one WebSocket client (``Device``).
+- ``http``: one user on the HTTP API (``HttpUser``).
+- ``tokens``: ``issue_token``.
+- ``namespace``: a fresh namespace, and dropping one.
+- ``soak``: the chat soak with failover clients (``Soak``).
+- ``poll``: ``until``.
+- ``proxy``: a TCP proxy that cuts and slows a link (``TcpProxy``).
+"""

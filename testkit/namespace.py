@@ -1,0 +1,81 @@
+"""Namespaces: each run's Redis key prefix, MongoDB database and RabbitMQ names.
+
+A run takes a fresh one and drops it at the end, so runs never meet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["drop_namespace", "new_namespace"]
+
+
+def new_namespace(prefix: str = "t") -> str:
+    """``prefix`` + 10 hex digits: a valid ``IM_NAMESPACE`` nobody else uses."""
+    return prefix + secrets.token_hex(5)
+
+
+async def drop_namespace(ns: str, *, redis_url: str, mongo_url: str,
+                         amqp_url: str | None = None, timeout: float = 120) -> dict[str, Any]:
+    """Delete the Redis keys ``ns*``, drop the MongoDB database ``ns`` and, given
+    ``amqp_url``, the two exchanges the nodes declared. Each step is bounded and
+    reported (a count, or why it failed); the others run anyway."""
+    steps: list[tuple[str, Callable[[str, str], Awaitable[Any]], str]] = [
+        ("redis_keys", _delete_keys, redis_url), ("mongo", _drop_database, mongo_url)]
+    if amqp_url is not None:
+        steps.append(("exchanges", _delete_exchanges, amqp_url))
+    done: dict[str, Any] = {}
+    for what, step, url in steps:
+        try:
+            async with asyncio.timeout(timeout):
+                done[what] = await step(url, ns)
+        except Exception as exc:  # noqa: BLE001 - reported; the other steps still run
+            done[what] = f"failed: {exc!r}"
+    return done
+
+
+async def _delete_keys(redis_url: str, ns: str) -> int:
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(redis_url, socket_timeout=10)
+    deleted, batch = 0, []
+    try:
+        async for key in r.scan_iter(match=f"{ns}*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += await r.delete(*batch)
+                batch = []
+        if batch:
+            deleted += await r.delete(*batch)
+    finally:
+        await r.aclose()
+    return deleted
+
+
+async def _drop_database(mongo_url: str, ns: str) -> bool:
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        mongo_url, serverSelectionTimeoutMS=5000)
+    try:
+        await client.drop_database(ns)
+    finally:
+        await client.close()
+    return True
+
+
+async def _delete_exchanges(amqp_url: str, ns: str) -> int:
+    """The nodes' queues are exclusive and went with them; their exchanges stay."""
+    import aio_pika
+
+    conn = await aio_pika.connect(amqp_url, timeout=10)
+    try:
+        channel = await conn.channel()
+        for kind in ("node", "room"):
+            await channel.exchange_delete(f"{ns}.{kind}")
+    finally:
+        await conn.close()
+    return 2

@@ -1,0 +1,81 @@
+"""Private, killable servers for failure tests: a real redis-server and a real
+SecantusDB (MongoDB-compatible) on free ports, owned by one test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["PrivateServer", "free_port", "wait_port"]
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 nobody listens on (at the time of asking)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_port(port: int, timeout: float = 30, host: str = "127.0.0.1") -> None:
+    """Until ``host:port`` accepts a TCP connection; TimeoutError after ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            _, w = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
+            w.close()
+            return
+        except (OSError, TimeoutError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"nothing listening on {host}:{port}") from None
+            await asyncio.sleep(0.1)
+
+
+class PrivateServer:
+    """A server process a test starts, kills and starts again on the same port
+    (``kind``: "redis" or "mongo")."""
+
+    def __init__(self, kind: str) -> None:
+        if kind not in ("redis", "mongo"):
+            raise ValueError(f"unknown server kind {kind!r}")
+        self.kind = kind
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"im-{kind}-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if self.kind == "redis":
+            return f"redis://127.0.0.1:{self.port}/0"
+        return f"mongodb://127.0.0.1:{self.port}"
+
+    def _argv(self) -> list[str]:
+        if self.kind == "redis":
+            return ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                    "--save", "", "--appendonly", "no", "--dir", str(self.dir)]
+        exe = Path(sys.executable).with_name("secantusd-py")
+        return [str(exe), "--port", str(self.port), "--storage-path", str(self.dir / "data")]
+
+    async def start(self, timeout: float = 30) -> PrivateServer:
+        with open(self.dir / "server.log", "ab") as log:
+            self.proc = subprocess.Popen(self._argv(), stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, env=os.environ.copy())
+        await wait_port(self.port, timeout)
+        return self
+
+    async def kill(self) -> None:
+        """SIGKILL: what a crash looks like to its clients."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(self.proc.wait, 10)
+        self.proc = None
+
+    async def stop_and_clean(self) -> None:
+        await self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,91 @@
+"""Group unread, the sync merge and the conversations merge, pure."""
+
+from __future__ import annotations
+
+import random
+
+from core.inbox import (
+    GroupRow,
+    busy_groups,
+    group_conversation_row,
+    group_unread,
+    merge_conversations,
+    merge_group_pages,
+    merge_sync,
+)
+
+
+def test_group_unread():
+    assert group_unread(10, 4, 0) == 6
+    assert group_unread(10, 4, 7) == 3  # joined at 7: older messages never count
+    assert group_unread(10, 12, 0) == 0  # never negative
+    assert group_unread(0, 0, 0) == 0
+
+
+def test_group_row_shows_last_only_after_the_join():
+    row = group_conversation_row("G", seq=10, lastmid=99, last=b"{}", from_seq=3, read_seq=8)
+    assert row == GroupRow("g:G", 2, b"{}", 99)
+    joined_after = group_conversation_row("G", 10, 99, b"{}", from_seq=10, read_seq=10)
+    assert joined_after == GroupRow("g:G", 0, None, 0)  # sorts after every message
+
+
+def test_group_row_without_a_last_message():
+    assert group_conversation_row("G", 0, 0, None, 0, 0) == GroupRow("g:G", 0, None, 0)
+    assert group_conversation_row("G", 5, 9, b"", 0, 0).last is None  # empty: absent, as today
+
+
+def test_merge_sync_interleaves_and_cuts():
+    rows = [(1, "a"), (4, "b"), (6, "c")]
+    extra = [(2, {"g": 1}), (5, {"g": 2})]
+    items, mids, more = merge_sync(rows, extra, 4)
+    assert mids == [1, 2, 4, 5]
+    assert items == ["a", {"g": 1}, "b", {"g": 2}]
+    assert more
+    assert merge_sync(rows, extra, 5)[2] is False
+    assert merge_sync(rows, [], 3) == (["a", "b", "c"], [1, 4, 6], False)
+    assert merge_sync([], [], 3) == ([], [], False)
+
+
+def test_merge_sync_takes_rows_alone_as_they_came():
+    # today's code sorts only when there are extra rows
+    assert merge_sync([(5, "x"), (3, "y")], [], 10)[1] == [5, 3]
+
+
+def test_merge_sync_equal_mids_keep_rows_first():
+    assert merge_sync([(3, "row")], [(3, "extra")], 5)[0] == ["row", "extra"]
+
+
+def test_merge_sync_matches_a_brute_force():
+    rng = random.Random(30)
+    for _ in range(300):
+        pool = rng.sample(range(1000), rng.randrange(0, 40))
+        rows = sorted((m, f"r{m}") for m in pool if m % 2)
+        extra = sorted((m, f"e{m}") for m in pool if not m % 2)
+        limit = rng.randrange(1, 30)
+        items, mids, more = merge_sync(rows, extra, limit)
+        everything = sorted(rows + extra)
+        assert mids == [m for m, _ in everything][:limit]
+        assert items == [i for _, i in everything][:limit]
+        assert more == (len(everything) > limit)
+        assert mids == sorted(set(mids))
+
+
+def test_busy_groups_and_group_pages():
+    assert busy_groups({"a": 5, "b": 10, "c": 0}, since=5) == ["b"]
+    pages = [[(1, "a1"), (7, "a7")], [(3, "b3")], []]
+    assert merge_group_pages(pages, 2) == [(1, "a1"), (3, "b3")]
+    assert merge_group_pages(pages, 10) == [(1, "a1"), (3, "b3"), (7, "a7")]
+    assert merge_group_pages([], 3) == []
+
+
+def test_merge_conversations_newest_first():
+    direct = [(9, {"conv": "bob"}), (4, {"conv": "amy"})]
+    groups = [(7, {"conv": "g:x"}), (0, {"conv": "g:quiet"})]
+    assert merge_conversations(direct, groups, 10) == [
+        {"conv": "bob"}, {"conv": "g:x"}, {"conv": "amy"}, {"conv": "g:quiet"}]
+    assert merge_conversations(direct, groups, 2) == [{"conv": "bob"}, {"conv": "g:x"}]
+    assert merge_conversations([], [], 5) == []
+
+
+def test_merge_conversations_equal_mids_keep_direct_first():
+    assert merge_conversations([(5, "d")], [(5, "g")], 5) == ["d", "g"]

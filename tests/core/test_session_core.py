@@ -1,0 +1,167 @@
+"""The sans-I/O session core: frames in, actions out (gateway/session.py's decisions)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway import protocol as p
+from gateway.errors import ProtocolError
+from gateway.session_core import (
+    Accepted,
+    Close,
+    Inline,
+    Reply,
+    SessionCore,
+    SessionLimits,
+    Spawn,
+)
+
+LIMITS = SessionLimits(max_body=64, bad_frame_limit=3, send_rate=2.0, send_burst=2)
+SEND = '{"op":"send","id":1,"to":"bob","cmid":"c1","body":"hi"}'
+GROUP_SEND = '{"op":"group_send","id":2,"group":"g1","cmid":"c2","body":"hi"}'
+
+
+def core(limits: SessionLimits = LIMITS) -> SessionCore:
+    return SessionCore(limits, now=100.0)
+
+
+def error_reply(code: str, message: str, re: object = None) -> Reply:
+    return Reply(p.error_frame(ProtocolError(code, message, re)), code)
+
+
+# -- bad frames -------------------------------------------------------------------
+
+
+def test_unparsable_frame_is_refused_without_re():
+    c = core()
+    assert c.receive("not json", 100.0) == [error_reply("bad_request", "frame is not valid JSON")]
+    assert c.bad_frames == 1
+
+
+def test_refusal_carries_re_when_the_id_was_readable():
+    [reply] = core().receive('{"op":"nope","id":"r1"}', 100.0)
+    assert isinstance(reply, Reply) and reply.error == "bad_request"
+    assert orjson.loads(reply.data) == {"op": "error", "code": "bad_request",
+                                        "message": "unknown op 'nope'", "re": "r1"}
+
+
+def test_too_large_body_is_a_bad_frame_with_its_own_code():
+    c = core()
+    [reply] = c.receive('{"op":"send","id":3,"to":"bob","cmid":"c","body":"' + "x" * 80 + '"}',
+                        100.0)
+    assert isinstance(reply, Reply) and reply.error == "too_large"
+    assert orjson.loads(reply.data)["re"] == 3
+    assert c.bad_frames == 1
+
+
+def test_close_1008_at_the_bad_frame_limit():
+    c = core()
+    assert len(c.receive("[]", 100.0)) == 1
+    assert len(c.receive(b"{", 100.0)) == 1
+    actions = c.receive("1", 100.0)
+    assert actions == [error_reply("bad_request", "frame must be a JSON object"),
+                       Close(1008, "too many bad frames", "bad_frames")]
+    assert c.bad_frames == 3
+
+
+def test_bad_frames_after_the_limit_close_again_and_good_frames_do_not_reset():
+    # today's _refuse compares with >=, and frames buffered before the close are
+    # still read: every later bad frame repeats the close (idempotent for the driver)
+    c = core(SessionLimits(64, 2, 1.0, 1))
+    c.receive("x", 100.0)
+    assert c.receive('{"op":"ping"}', 100.0)[0] == Accepted("ping")
+    assert c.bad_frames == 1  # a valid frame does not forgive
+    assert c.receive("x", 100.0)[-1] == Close(1008, "too many bad frames", "bad_frames")
+    assert c.receive("x", 100.0)[-1] == Close(1008, "too many bad frames", "bad_frames")
+    assert c.bad_frames == 3
+
+
+def test_limit_of_one_closes_on_the_first_bad_frame():
+    c = core(SessionLimits(64, 1, 1.0, 1))
+    assert isinstance(c.receive("x", 100.0)[-1], Close)
+
+
+# -- sends and the token bucket ---------------------------------------------------------
+
+
+def test_send_and_group_send_spawn_with_their_op_labels():
+    c = core()
+    assert c.receive(SEND, 100.0) == [Accepted("send"), Spawn(p.Send(1, "bob", "c1", "hi"))]
+    assert c.receive(GROUP_SEND, 100.0) == [Accepted("groupsend"),
+                                            Spawn(p.GroupSend(2, "g1", "c2", "hi"))]
+
+
+def test_sends_share_one_bucket_and_are_refused_when_it_is_empty():
+    c = core()  # burst 2, 2 per second
+    c.receive(SEND, 100.0)
+    c.receive(GROUP_SEND, 100.0)
+    assert c.receive(SEND, 100.0) == [Accepted("send"),
+                                      error_reply("rate_limited", "too many sends", 1)]
+    assert c.receive(GROUP_SEND, 100.0)[1] == error_reply("rate_limited", "too many sends", 2)
+    assert c.bad_frames == 0  # a refused send is not a bad frame
+    assert c.receive(SEND, 100.5) == [Accepted("send"), Spawn(p.Send(1, "bob", "c1", "hi"))]
+    assert isinstance(c.receive(SEND, 100.5)[1], Reply)
+
+
+def test_rate_limited_reply_without_an_id_has_no_re():
+    c = core(SessionLimits(64, 3, 1.0, 0))
+    [_, reply] = c.receive('{"op":"send","to":"bob","cmid":"c","body":1}', 100.0)
+    assert isinstance(reply, Reply)
+    assert orjson.loads(reply.data) == {"op": "error", "code": "rate_limited",
+                                        "message": "too many sends"}
+
+
+def test_the_bucket_starts_at_the_clock_it_is_given():
+    c = SessionCore(SessionLimits(64, 3, 1.0, 1), now=50.0)
+    assert isinstance(c.receive(SEND, 50.0)[1], Spawn)
+    assert isinstance(c.receive(SEND, 50.5)[1], Reply)  # half a token
+    assert isinstance(c.receive(SEND, 51.0)[1], Spawn)
+
+
+def test_room_send_is_inline_and_takes_no_send_token():
+    c = core(SessionLimits(64, 3, 1.0, 0))  # no send tokens at all
+    frame = '{"op":"room_send","id":5,"room":"r","body":"x","prio":1}'
+    assert c.receive(frame, 100.0) == [Accepted("roomsend"), Inline(p.RoomSend(5, "r", "x", 1))]
+
+
+# -- the other ops ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("data", "op", "frame"), [
+    ('{"op":"read","id":1,"conv":"bob","mid":5}', "read", p.Read(1, "bob", 5)),
+    ('{"op":"recv_ack","mids":[1,2]}', "recvack", p.RecvAck(None, (1, 2))),
+    ('{"op":"join","id":"j","room":"r"}', "join", p.Join("j", "r")),
+    ('{"op":"leave","room":"r"}', "leave", p.Leave(None, "r")),
+])
+def test_task_ops_spawn(data, op, frame):
+    c = core(SessionLimits(64, 3, 1.0, 0))  # none of them needs a send token
+    assert c.receive(data, 100.0) == [Accepted(op), Spawn(frame)]
+
+
+@pytest.mark.parametrize(("data", "wire"), [
+    ('{"op":"ping","id":"x"}', b'{"op":"pong","re":"x"}'),
+    ('{"op":"ping","id":7}', b'{"op":"pong","re":7}'),
+    ('{"op":"ping"}', b'{"op":"pong"}'),
+    (b'{"op":"ping","id":null}', b'{"op":"pong"}'),
+])
+def test_ping_is_answered_at_once(data, wire):
+    assert core().receive(data, 100.0) == [Accepted("ping"), Reply(wire)]
+
+
+def test_an_op_parse_frame_accepts_but_nobody_serves_is_refused(monkeypatch):
+    class Future:
+        id = 9
+
+    monkeypatch.setattr(p, "parse_frame", lambda data, max_body: Future())
+    c = core()
+    assert c.receive("{}", 100.0) == [
+        Accepted("future"), error_reply("bad_request", "op Future is not served", 9)]
+    assert c.bad_frames == 0  # today: an error reply, not a refusal
+
+
+def test_actions_are_frozen():
+    with pytest.raises(AttributeError):
+        Close(1008, "x", "y").code = 1000  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        LIMITS.max_body = 1  # type: ignore[misc]
