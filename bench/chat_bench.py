@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
 import time
 from typing import Any
 
@@ -56,6 +55,7 @@ from pymongo import AsyncMongoClient, WriteConcern
 from pymongo.asynchronous.database import AsyncDatabase
 
 from bench import cli, common
+from bench.cluster import Run
 from bench.load import (
     TEXT,
     Load,
@@ -68,6 +68,7 @@ from bench.load import (
 )
 from bench.report import fmt, header_lines, load_section, md_table, profile_section
 from store.messages import INDEXES, ChatMessage, body_doc, box_docs
+from testkit.nodes import NodeProcess
 
 RAW_BATCHES = (1, 16, 64, 256)
 RAW_SECONDS = 4.0
@@ -149,7 +150,7 @@ async def raw_store_phase(mongo_url: str, db_name: str) -> dict[str, Any]:
 
 # -- 2. saturation -------------------------------------------------------------------
 async def saturation_phase(load: Load, args: argparse.Namespace, names: dict[int, str],
-                           node: common.NodeProcess | None) -> dict[str, Any]:
+                           node: NodeProcess | None) -> dict[str, Any]:
     stats = load.begin_phase(1)
     opens_at = time.perf_counter() + args.warmup
     until = opens_at + args.duration
@@ -157,15 +158,13 @@ async def saturation_phase(load: Load, args: argparse.Namespace, names: dict[int
     profile = _start_profile(args, node, args.warmup)
     seconds, cpu = await measure_window(load, names, node, opens_at, until)
     cpu["stuck_senders"] = await stop_pumps(pumps)
-    for s in load.senders:
-        s.slots = None
     result = summarise(stats, seconds, cpu, await load.drain())
     if profile is not None:
         result["profile"] = await profile
     return result
 
 
-def _start_profile(args: argparse.Namespace, node: common.NodeProcess | None,
+def _start_profile(args: argparse.Namespace, node: NodeProcess | None,
                    delay: float) -> asyncio.Task[dict[str, Any]] | None:
     """py-spy the node for up to 5 s, starting ``delay`` s from now (after warmup)."""
     if not args.profile or node is None:
@@ -182,7 +181,7 @@ def _start_profile(args: argparse.Namespace, node: common.NodeProcess | None,
 
 # -- 3. fixed-rate latency ----------------------------------------------------------
 async def latency_phase(load: Load, args: argparse.Namespace, rate: float,
-                        names: dict[int, str], node: common.NodeProcess | None
+                        names: dict[int, str], node: NodeProcess | None
                         ) -> dict[str, Any]:
     stats = load.begin_phase(2)
     pairs = len(load.senders)
@@ -275,14 +274,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def _gateway_phases(args: argparse.Namespace, res: dict[str, Any],
-                          node: common.NodeProcess | None) -> None:
+async def _gateway_phases(args: argparse.Namespace, res: dict[str, Any], secret: str,
+                          node: NodeProcess | None) -> None:
     url = args.node_url or (node.ws_url if node else "")
-    secret = args.secret or res.pop("_secret")
     names = {os.getpid(): "load generator (this process)"}
     if node is not None:
         names[node.pid] = "gateway node"
-    load = await open_load(url, secret, args.pairs, res["namespace"])
+    load = await open_load([url], args.secret or secret, args.pairs, res["namespace"])
     try:
         res["saturation"] = await saturation_phase(load, args, names, node)
         rate = args.rate or max(1.0, res["saturation"]["acks_per_s"] / 2)
@@ -293,48 +291,32 @@ async def _gateway_phases(args: argparse.Namespace, res: dict[str, Any],
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    ns = common.new_namespace()
+    r = Run(args, "chat")
+    ns = r.namespace("")
     res: dict[str, Any] = {
         "command": cli.command_line("bench.chat_bench", args.argv),
         "utc": args.stamp, "machine": common.machine_facts(), "code": args.code,
         "namespace": ns,
         "settings": {k: getattr(args, k) for k in ("pairs", "window", "duration", "warmup",
-                                                   "rate", "node_url", "mongo_url", "profile")},
-        "_secret": secrets.token_hex(32)}
+                                                   "rate", "node_url", "mongo_url", "profile")}}
     common.OUT_DIR.mkdir(parents=True, exist_ok=True)
-    node: common.NodeProcess | None = None
+    node: NodeProcess | None = None
     try:
         if not args.skip_raw:
             res["raw"] = await raw_store_phase(args.mongo_url, f"{ns}_raw")
         if not args.node_url:
-            log = common.OUT_DIR / f"node-{args.stamp}.log"
-            node = common.NodeProcess(common.node_env(args, ns, res["_secret"]), log)
-            await node.start()
+            node = (await r.start_nodes(ns, 1, "node"))[0]
         res["node"] = {"where": args.node_url or f"started {node.name if node else ''}",
                        "pid": node.pid if node else None}
-        await _gateway_phases(args, res, node)
+        await _gateway_phases(args, res, r.secret, node)
     finally:
-        res.pop("_secret", None)
-        await _finish(args, res, node, ns)
+        if node is not None:  # stop the node, note what it logged, drop our namespace
+            await r.stop_nodes([node])
+            res["node"] = {**res.get("node", {}), **r.nodes[0]}
+        if args.node_url:  # someone else's node: only the raw phase's database is ours
+            r.namespaces = [f"{ns}_raw"]
+        res["cleanup"] = await r.cleanup()
     return res
-
-
-async def _finish(args: argparse.Namespace, res: dict[str, Any],
-                  node: common.NodeProcess | None, ns: str) -> None:
-    """Stop the node, drop our databases and keys, note what the node logged."""
-    if node is not None:
-        res.setdefault("node", {})["exit_code"] = await node.stop()
-        res["node"]["log"] = str(node.log_path)
-        res["node"]["log_findings"] = common.log_findings(node.log_path)
-    try:
-        dbs = [f"{ns}_raw"] + ([] if args.node_url else [ns])
-        await common.drop_databases(args.mongo_url, dbs)
-        if not args.node_url:
-            res["cleanup_redis_keys"] = await common.delete_redis_keys(args.redis_url, ns)
-            amqp = os.environ.get("IM_AMQP_URL") or common.DEFAULT_AMQP_URL  # the node's
-            res["cleanup_exchanges"] = await common.delete_exchanges(amqp, ns)
-    except Exception as exc:  # noqa: BLE001 - reported, the results still matter
-        res["cleanup_error"] = repr(exc)
 
 
 def main(argv: list[str] | None = None) -> int:

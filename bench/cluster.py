@@ -1,27 +1,39 @@
-"""What one multi-node run starts and must clean up: its namespaces (a Redis key
-prefix, MongoDB database and RabbitMQ exchanges each), its gateway nodes (their
-exit codes and log findings are kept for the report), and the cleanup at the end.
+"""What one benchmark run starts and must clean up: its namespaces (a Redis key
+prefix, MongoDB database and RabbitMQ exchanges each, dropped at the end), its
+gateway nodes (``testkit.nodes``; their exit codes and log findings are kept for
+the report).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 from typing import Any
 
 from bench import common
+from testkit.namespace import drop_namespace, new_namespace
+from testkit.nodes import NodeProcess, node_env
 
 NODES = 3  # nodes in phases 2 and 3 of bench.multinode_bench
 
 
-class Run:
-    """What one benchmark run started and must clean up."""
+def amqp_url(args: argparse.Namespace) -> str:
+    """``--amqp-url`` if the benchmark has one, else the node's (``IM_AMQP_URL``)."""
+    return getattr(args, "amqp_url", None) or os.environ.get("IM_AMQP_URL") \
+        or common.DEFAULT_AMQP_URL
 
-    def __init__(self, args: argparse.Namespace) -> None:
+
+class Run:
+    """What one benchmark run started and must clean up; node logs are
+    ``bench/out/<prefix>-<stamp>-<label>-<i>.log``."""
+
+    def __init__(self, args: argparse.Namespace, prefix: str) -> None:
         self.args = args
+        self.prefix = prefix
         self.secret = secrets.token_hex(32)
-        self.base = common.new_namespace()
+        self.base = new_namespace("bench")
         self.namespaces: list[str] = []
         self.nodes: list[dict[str, Any]] = []
 
@@ -30,23 +42,33 @@ class Run:
         self.namespaces.append(ns)
         return ns
 
-    async def start_nodes(self, ns: str, n: int, label: str) -> list[common.NodeProcess]:
-        env = {**common.node_env(self.args, ns, self.secret), "IM_AMQP_URL": self.args.amqp_url}
-        nodes: list[common.NodeProcess] = []
+    def node_env(self, ns: str, **settings: Any) -> dict[str, str]:
+        """A benchmark node: namespace ``ns``, any free ports, no send rate limit, the
+        run's token secret and store URLs, then ``settings``."""
+        a = self.args
+        return node_env(namespace=ns, ws_port=0, http_port=0, send_rate=1_000_000,
+                        send_burst=1_000_000, auth_secret=self.secret, mongo_url=a.mongo_url,
+                        redis_url=a.redis_url, amqp_url=amqp_url(a), **settings)
+
+    async def start_nodes(self, ns: str, n: int, label: str,
+                          **settings: Any) -> list[NodeProcess]:
+        env = self.node_env(ns, **settings)
+        nodes: list[NodeProcess] = []
         try:
             for i in range(n):
-                log = common.OUT_DIR / f"multinode-{self.args.stamp}-{label}-{i}.log"
-                nodes.append(common.NodeProcess(env, log))
+                log = common.OUT_DIR / f"{self.prefix}-{self.args.stamp}-{label}-{i}.log"
+                nodes.append(NodeProcess(env, log))
                 await nodes[-1].start()
         except BaseException:
             await self.stop_nodes(nodes)
             raise
         return nodes
 
-    async def stop_nodes(self, nodes: list[common.NodeProcess]) -> None:
+    async def stop_nodes(self, nodes: list[NodeProcess]) -> None:
         """SIGTERM (drain) every node still running; note exit codes and log findings."""
         codes = await asyncio.gather(*(n.stop() for n in nodes), return_exceptions=True)
         for n, code in zip(nodes, codes, strict=True):
+            assert n.log_path is not None
             self.nodes.append({
                 "log": str(n.log_path), "name": n.name,
                 "pid": n.proc.pid if n.proc else None,
@@ -54,18 +76,6 @@ class Run:
                 "log_findings": common.log_findings(n.log_path)})
 
     async def cleanup(self) -> dict[str, Any]:
-        a, out = self.args, {}
-        for ns in self.namespaces:
-            done: dict[str, Any] = {}
-            for what, job in (("mongo", lambda ns=ns: common.drop_databases(a.mongo_url, [ns])),
-                              ("redis_keys", lambda ns=ns: common.delete_redis_keys(
-                                  a.redis_url, ns)),
-                              ("exchanges", lambda ns=ns: common.delete_exchanges(
-                                  a.amqp_url, ns))):
-                try:
-                    async with asyncio.timeout(120):
-                        done[what] = await job()
-                except Exception as exc:  # noqa: BLE001 - reported; the results still matter
-                    done[what] = f"failed: {exc!r}"
-            out[ns] = done
-        return out
+        a = self.args
+        return {ns: await drop_namespace(ns, redis_url=a.redis_url, mongo_url=a.mongo_url,
+                                         amqp_url=amqp_url(a)) for ns in self.namespaces}

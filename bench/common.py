@@ -1,25 +1,22 @@
-"""Shared helpers for the benchmarks: the node subprocess, cleanup, CPU accounting,
-percentiles, machine facts, py-spy profiles and result files.
+"""Shared helpers for the benchmarks: CPU accounting, percentiles, machine facts,
+node logs and metrics, py-spy profiles and result files.
 
-Nothing here knows about the chat protocol; see ``bench/load.py``.
+Nodes, clients and cleanup come from ``testkit``; the chat load is ``bench/load.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import math
 import os
 import platform
 import re
-import secrets
 import shutil
-import signal
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,13 +26,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "bench" / "out"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"  # the node's default (IM_AMQP_URL)
-_READY = re.compile(r"gateway: node (\S+) (ws://\S+) (http://\S+)")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def new_namespace() -> str:
-    """``bench`` + random hex: a Redis key prefix and Mongo database of our own."""
-    return "bench" + secrets.token_hex(5)
 
 
 def utc_stamp() -> str:
@@ -157,83 +148,7 @@ def cpu_report(before: CpuSnapshot, after: CpuSnapshot, names: dict[int, str],
     }
 
 
-# -- the node subprocess -------------------------------------------------------
-def node_env(args: argparse.Namespace, ns: str, secret: str) -> dict[str, str]:
-    """The node's settings for a benchmark: namespace ``ns``, any free ports, no send
-    rate limit, ``secret`` for tokens, and the store URLs of ``args``."""
-    return {"IM_NAMESPACE": ns, "IM_WS_PORT": "0", "IM_HTTP_PORT": "0",
-            "IM_SEND_RATE": "1000000", "IM_SEND_BURST": "1000000", "IM_AUTH_SECRET": secret,
-            "IM_MONGO_URL": args.mongo_url, "IM_REDIS_URL": args.redis_url}
-
-
-@dataclass
-class NodeProcess:
-    """``python -m gateway serve`` in a subprocess; stderr (its log) goes to a file."""
-
-    env: dict[str, str]
-    log_path: Path
-    proc: asyncio.subprocess.Process | None = None
-    name: str = ""
-    ws_url: str = ""
-    http_url: str = ""
-    _stdout_task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    async def start(self, timeout_s: float = 30) -> None:
-        python = REPO / ".venv" / "bin" / "python"
-        exe = str(python) if python.exists() else sys.executable
-        with open(self.log_path, "ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                exe, "-m", "gateway", "serve", cwd=REPO, env={**os.environ, **self.env},
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log)
-        async with asyncio.timeout(timeout_s):
-            await self._wait_ready()
-        self._stdout_task = asyncio.create_task(self._drain_stdout())
-
-    async def _wait_ready(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        while True:
-            line = (await self.proc.stdout.readline()).decode(errors="replace")
-            if not line:
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"gateway exited before it was ready; log tail:\n{tail}")
-            if m := _READY.search(line):
-                self.name, self.ws_url, self.http_url = m.groups()
-                return
-
-    async def _drain_stdout(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        while await self.proc.stdout.readline():
-            pass
-
-    def kill(self) -> None:
-        """SIGKILL at once (no drain): what a crashed node looks like to the others."""
-        if self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-
-    async def stop(self, grace_s: float = 15) -> int | None:
-        """SIGTERM (the node drains), SIGKILL after ``grace_s``; returns the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), grace_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
-                await self.proc.wait()
-        if self._stdout_task is not None:
-            self._stdout_task.cancel()
-        return self.proc.returncode
-
-
+# -- node logs -----------------------------------------------------------------
 def log_findings(path: Path, limit: int = 8) -> dict[str, Any]:
     """WARNING/ERROR lines of a node log: counts and the most frequent messages."""
     if not path.exists():
@@ -257,56 +172,6 @@ def _log_shape(message: str) -> str:
     so lines of one kind are counted together."""
     message = re.sub(r"\b(for|user) \S+?:", r"\1 *:", message)
     return re.sub(r"[0-9a-f]{10}", "*", message)
-
-
-# -- cleanup -------------------------------------------------------------------
-async def drop_databases(mongo_url: str, names: list[str]) -> None:
-    from pymongo import AsyncMongoClient
-
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-        mongo_url, serverSelectionTimeoutMS=5000)
-    try:
-        for name in names:
-            await client.drop_database(name)
-    finally:
-        await client.close()
-
-
-async def delete_redis_keys(redis_url: str, namespace: str) -> int:
-    """SCAN + DEL of ``<namespace>:*``; returns how many keys went."""
-    import redis.asyncio as aioredis
-
-    r = aioredis.Redis.from_url(redis_url, socket_timeout=10)
-    deleted = 0
-    try:
-        batch: list[bytes] = []
-        async for key in r.scan_iter(match=f"{namespace}:*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                deleted += await r.delete(*batch)
-                batch = []
-        if batch:
-            deleted += await r.delete(*batch)
-    finally:
-        await r.aclose()
-    return deleted
-
-
-async def delete_exchanges(amqp_url: str, namespace: str) -> int:
-    """Delete the RabbitMQ exchanges the nodes of ``namespace`` declared (their
-    queues are exclusive and went with the nodes); returns how many went."""
-    import aio_pika
-
-    conn = await aio_pika.connect(amqp_url, timeout=10)
-    deleted = 0
-    try:
-        channel = await conn.channel()
-        for kind in ("node", "room"):
-            await channel.exchange_delete(f"{namespace}.{kind}")
-            deleted += 1
-    finally:
-        await conn.close()
-    return deleted
 
 
 # -- py-spy --------------------------------------------------------------------

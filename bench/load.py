@@ -1,36 +1,35 @@
-"""The chat load generator: sender and receiver WebSockets in this one process.
+"""The chat load generator: sender and receiver devices (``testkit.device``) in
+this one process.
 
-``Load`` holds every connection and the counts of the current phase
-(``PhaseStats``); a ``Sender`` numbers its sends and matches acks, a
-``Receiver`` counts the pushes of the current phase. ``closed_loop`` keeps a
-window of sends in flight, ``paced`` sends on a fixed schedule (open loop);
-``measure_window`` opens the phase's counting for a window and measures CPU
-(``Meter``) and the node's metrics over it; ``summarise`` turns the counts into
-the per-phase result. Used by ``bench.chat_bench`` and ``bench.multinode_bench``.
+``Load`` holds every device and the counts of the current phase
+(``PhaseStats``); a ``Sender`` numbers its sends and times their acks, a
+``Receiver`` counts the pushes of the current phase (both also per phase, for
+per-node figures). ``closed_loop`` keeps a window of sends in flight, ``paced``
+sends on a fixed schedule (open loop); ``measure_window`` opens the phase's
+counting for a window and measures CPU (``Meter``) and the node's metrics over
+it; ``summarise`` turns the counts into the per-phase result. Used by
+``bench.chat_bench`` and ``bench.multinode_bench``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import resource
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
-
 from bench import common
-from gateway.auth import issue_token
+from testkit.device import Device, DeviceClosed
+from testkit.nodes import NodeProcess
+from testkit.tokens import issue_token
 
 TEXT = "hello from the chat benchmark, a short line of text"
 DRAIN_S = 10.0
 
 
-# -- the connections -------------------------------------------------------------------
+# -- the devices -------------------------------------------------------------------------
 @dataclass
 class PhaseStats:
     """Counts of one phase; only messages sent while ``open`` are counted."""
@@ -47,13 +46,22 @@ class PhaseStats:
 
 
 class Load:
-    """All connections of the benchmark, in this one process."""
+    """All devices of the benchmark, in this one process."""
 
     def __init__(self) -> None:
         self.stats = PhaseStats(0)
         self.senders: list[Sender] = []
         self.receivers: list[Receiver] = []
-        self.other: Counter[str] = Counter()  # frames nobody expected (op -> count)
+
+    @property
+    def other(self) -> Counter[str]:
+        """Frames nobody expected (op -> count)."""
+        out: Counter[str] = Counter()
+        for s in self.senders:
+            out.update(s.dev.counts)
+        for r in self.receivers:
+            out.update({op: n for op, n in r.dev.counts.items() if op != "msg"})
+        return out
 
     def begin_phase(self, phase: int) -> PhaseStats:
         self.stats = PhaseStats(phase)
@@ -70,115 +78,100 @@ class Load:
                 "undelivered": max(0, self.stats.acks - self.stats.deliveries)}
 
     def inflight(self) -> int:
-        return sum(len(s.inflight) for s in self.senders)
+        return sum(s.inflight for s in self.senders)
 
     async def close(self) -> None:
-        conns = [*self.senders, *self.receivers]
-        await asyncio.gather(*(c.ws.close() for c in conns), return_exceptions=True)
-        for c in conns:
-            c.reader.cancel()
+        await asyncio.gather(*(d.dev.close() for d in [*self.senders, *self.receivers]),
+                             return_exceptions=True)
 
 
-class Device:
-    """One client connection of the load; a task reads its frames into ``_on_frame``."""
+class Sender:
+    """One sending device on node ``node``: numbered sends, acks timed."""
 
-    def __init__(self, ws: ClientConnection, load: Load) -> None:
-        self.ws, self.load = ws, load
-        self.reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            async for data in self.ws:
-                self._on_frame(orjson.loads(data))
-
-    def _on_frame(self, f: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-
-class Sender(Device):
-    """One sending device: numbered requests, acks matched by ``re``."""
-
-    def __init__(self, ws: ClientConnection, to: str, load: Load) -> None:
-        self.to = to
-        self.inflight: dict[int, tuple[float, PhaseStats | None]] = {}
-        self.slots: asyncio.Semaphore | None = None  # closed-loop window, if any
-        self._rid = 0
-        super().__init__(ws, load)
+    def __init__(self, dev: Device, to: str, load: Load, node: int) -> None:
+        self.dev, self.to, self.load, self.node = dev, to, load, node
+        self.inflight = 0
+        self.acked: Counter[int] = Counter()  # acks of measured sends, by phase
+        self._n = 0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def send(self) -> None:
-        self._rid += 1
+        """One send; returns once it is answered (or DRAIN_S x 3 passed)."""
+        self._n += 1
         stats = self.load.stats if self.load.stats.open else None
-        mark = stats.phase if stats is not None else -1
         t = time.perf_counter()
-        self.inflight[self._rid] = (t, stats)
-        frame = {"op": "send", "id": self._rid, "to": self.to, "cmid": f"c{self._rid}",
-                 "body": {"t": t, "m": mark, "text": TEXT}}
-        await self.ws.send(orjson.dumps(frame).decode())
+        body = {"t": t, "m": stats.phase if stats is not None else -1, "text": TEXT}
         if stats is not None:
             stats.sent += 1
-
-    def _on_frame(self, f: dict[str, Any]) -> None:
-        op = f.get("op")
-        entry = self.inflight.pop(f.get("re"), None) if op in ("ack", "error") else None
-        if entry is None:
-            key = f"{op}:{f.get('code')}" if op == "error" else str(op)
-            self.load.other[key] += 1
-            return
-        if self.slots is not None:
-            self.slots.release()
-        t, stats = entry
+        self.inflight += 1
+        try:
+            f = await self.dev.request("send", 3 * DRAIN_S, to=self.to, cmid=f"c{self._n}",
+                                       body=body)
+        except (TimeoutError, DeviceClosed) as exc:
+            f = {"op": "error", "code": type(exc).__name__}
+        finally:
+            self.inflight -= 1
         if stats is None:
             return
-        if op == "ack":
+        if f["op"] == "ack":
             stats.acks += 1
             stats.ack_lat.append(time.perf_counter() - t)
+            self.acked[stats.phase] += 1
         else:
             stats.errors[str(f.get("code"))] += 1
 
+    def send_soon(self) -> None:
+        """A send that nobody waits for (open loop)."""
+        task = asyncio.create_task(self.send())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-class Receiver(Device):
-    """One receiving device: counts pushes of the current phase."""
 
-    def _on_frame(self, f: dict[str, Any]) -> None:
+class Receiver:
+    """One receiving device on node ``node``: counts the pushes of the current phase."""
+
+    def __init__(self, load: Load, node: int) -> None:
+        self.load, self.node = load, node
+        self.got: Counter[int] = Counter()  # pushes of measured sends, by phase
+        self.dev: Device
+
+    def on_push(self, f: dict[str, Any]) -> None:
         body = f.get("body")
+        if f.get("op") != "msg" or not isinstance(body, dict):
+            return
+        self.got[body.get("m", -1)] += 1
         stats = self.load.stats
-        if f.get("op") == "msg" and isinstance(body, dict) and body.get("m") == stats.phase:
+        if body.get("m") == stats.phase:
             stats.deliveries += 1
             stats.dlv_lat.append(time.perf_counter() - body["t"])
-        elif f.get("op") != "msg":
-            self.load.other[str(f.get("op"))] += 1
 
 
-async def dial(ws_url: str, secret: str, user: str, open_timeout: float = 15
-               ) -> ClientConnection:
-    """One WebSocket as ``user`` (a fresh token); no compression, no keepalive pings."""
-    token = issue_token(secret, user, 3600)
-    return await connect(f"{ws_url}?token={token}", compression=None, proxy=None,
-                         ping_interval=None, open_timeout=open_timeout, close_timeout=2)
+async def open_load(ws_urls: list[str], secret: str, pairs: int, tag: str) -> Load:
+    """Sender i on node i % n, its receiver on node (i+1) % n (the same node when n = 1)."""
+    n, load = len(ws_urls), Load()
 
+    async def dial(url: str, user: str, on_push: Any = None) -> Device:
+        return await Device.open(url, issue_token(secret, user), on_push=on_push,
+                                 open_timeout=15)
 
-async def open_load(ws_url: str, secret: str, pairs: int, tag: str) -> Load:
-    load = Load()
-    receivers = await asyncio.gather(*(dial(ws_url, secret, f"{tag}-r{i}")
-                                       for i in range(pairs)))
-    senders = await asyncio.gather(*(dial(ws_url, secret, f"{tag}-s{i}") for i in range(pairs)))
-    load.receivers = [Receiver(ws, load) for ws in receivers]
-    load.senders = [Sender(ws, f"{tag}-r{i}", load) for i, ws in enumerate(senders)]
+    load.receivers = [Receiver(load, (i + 1) % n) for i in range(pairs)]
+    devs = await asyncio.gather(*(dial(ws_urls[r.node], f"{tag}-r{i}", r.on_push)
+                                  for i, r in enumerate(load.receivers)))
+    for r, dev in zip(load.receivers, devs, strict=True):
+        r.dev = dev
+    senders = await asyncio.gather(*(dial(ws_urls[i % n], f"{tag}-s{i}") for i in range(pairs)))
+    load.senders = [Sender(dev, f"{tag}-r{i}", load, i % n) for i, dev in enumerate(senders)]
     return load
 
 
 # -- sending: closed and open loop --------------------------------------------------
 async def closed_loop(sender: Sender, window: int, until: float) -> None:
     """Keep ``window`` sends in flight until ``until`` (perf_counter)."""
-    sender.slots = asyncio.Semaphore(window)
-    while (remaining := until - time.perf_counter()) > 0:
-        try:
-            await asyncio.wait_for(sender.slots.acquire(), remaining)
-        except TimeoutError:
-            return
-        if time.perf_counter() >= until:
-            return
-        await sender.send()
+    async def one_slot() -> None:
+        while time.perf_counter() < until:
+            await sender.send()
+
+    await asyncio.gather(*(one_slot() for _ in range(window)))
 
 
 async def paced(sender: Sender, first: float, interval: float, until: float) -> None:
@@ -190,7 +183,7 @@ async def paced(sender: Sender, first: float, interval: float, until: float) -> 
             await asyncio.sleep(delay)
         if sender.load.stats.open:
             sender.load.stats.lag.append(max(0.0, time.perf_counter() - due))
-        await sender.send()
+        sender.send_soon()
         due += interval
 
 
@@ -241,7 +234,7 @@ def summarise(stats: PhaseStats, seconds: float, cpu: dict[str, Any],
     }
 
 
-async def measure_window(load: Load, names: dict[int, str], node: common.NodeProcess | None,
+async def measure_window(load: Load, names: dict[int, str], node: NodeProcess | None,
                          opens_at: float, closes_at: float) -> tuple[float, dict[str, Any]]:
     """Count the current phase between two perf_counter instants; CPU and node metrics."""
     await asyncio.sleep(max(0.0, opens_at - time.perf_counter()))

@@ -41,6 +41,7 @@ class Batcher(Generic[T, R]):
         concurrency: int = 1,
         linger_s: float = 0.0,
         observe: Observe | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._flush = flush
         self.name = name
@@ -49,6 +50,7 @@ class Batcher(Generic[T, R]):
         self.concurrency = concurrency
         self.linger_s = linger_s
         self.observe = observe
+        self._clock = clock  # for the observer's figures only
         self._queue: deque[tuple[T, asyncio.Future[R], float]] = deque()
         self._runners: set[asyncio.Task[None]] = set()  # strong refs only
         self._running = 0  # runners that will look at the queue again
@@ -63,7 +65,7 @@ class Batcher(Generic[T, R]):
         if len(self._queue) >= self.max_pending:
             raise Unavailable(self.name, "overloaded")
         fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.append((item, fut, time.perf_counter()))
+        self._queue.append((item, fut, self._clock()))
         if self._running < self.concurrency:
             self._running += 1
             task = asyncio.create_task(self._run())
@@ -88,7 +90,7 @@ class Batcher(Generic[T, R]):
             batch = [self._queue.popleft() for _ in range(n)]
             self.batches += 1
             self.items += n
-            started = time.perf_counter()
+            started = self._clock()
             try:
                 results = await self._flush([item for item, _, _ in batch])
             except BaseException as exc:  # noqa: BLE001 - handed to every waiter
@@ -99,7 +101,7 @@ class Batcher(Generic[T, R]):
                     raise
                 continue
             if self.observe is not None:
-                self.observe(n, started - batch[0][2], time.perf_counter() - started)
+                self.observe(n, started - batch[0][2], self._clock() - started)
             for (_, fut, _), result in zip(batch, results, strict=True):
                 if fut.done():
                     continue

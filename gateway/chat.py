@@ -18,6 +18,7 @@ from core import dedup
 from core.batcher import Batcher
 from core.errors import Unavailable
 from core.ids import mid_time_ms
+from core.paging import seek_page
 from gateway.claims import Claims
 from gateway.config import Settings
 from gateway.errors import ProtocolError
@@ -61,16 +62,16 @@ class ChatService:
         self.offline = offline
         self.mids = mids
         self.metrics = metrics
-        common = {"max_batch": settings.batch_max, "max_pending": settings.pending_max}
+        mb, mp = settings.batch_max, settings.pending_max
         # MongoDB's cost per call dominates at small batches, so the write stage
         # lingers briefly (IM_MONGO_LINGER_MS) to let a batch fill.
         self._writes: Batcher[ChatMessage, int] = Batcher(
             self.messages.store_batch, name="mongo",
             linger_s=settings.mongo_linger_ms / 1000, concurrency=settings.mongo_inflight,
-            observe=metrics.stage_observer("mongo"), **common)
+            observe=metrics.stage_observer("mongo"), max_batch=mb, max_pending=mp)
         self._deliveries: Batcher[_Outgoing, tuple[dict[str, str], dict[str, str]]] = Batcher(
             self._flush_deliveries, name="redis", observe=metrics.stage_observer("redis"),
-            **common)
+            max_batch=mb, max_pending=mp)
 
     # -- send ----------------------------------------------------------------
     async def send(self, sender: str, to: str, cmid: str, body: Any) -> SendResult:
@@ -141,9 +142,8 @@ class ChatService:
     async def history(self, user: str, conv: str, before: int | None, limit: int
                       ) -> tuple[list[dict[str, Any]], int | None]:
         stored = await self.messages.box_page(user, conv=conv, before=before, limit=limit + 1)
-        more = len(stored) > limit
-        frames = [frame_of(m) for m in stored[:limit]]
-        return frames, (frames[-1]["mid"] if more else None)
+        page, cursor = seek_page(stored, limit, lambda m: m.mid)
+        return [frame_of(m) for m in page], cursor
 
     async def conversation_rows(self, user: str, limit: int
                                 ) -> tuple[int, list[tuple[int, dict[str, Any]]]]:

@@ -28,6 +28,7 @@ from typing import Any
 from core import timeline
 from core.errors import Unavailable
 from core.ids import mid_time_ms
+from core.paging import seek_page
 from gateway.chat import IdSource
 from gateway.config import Settings
 from gateway.errors import ProtocolError
@@ -89,9 +90,8 @@ class FeedService:
     async def follow_page(self, kind: str, user: str, cursor: str | None, limit: int
                           ) -> dict[str, Any]:
         ids = await self.follows.page_ids(kind, user, cursor, limit + 1)
-        more = len(ids) > limit
-        ids = ids[:limit]
-        return {"users": ids, "cursor": ids[-1] if more else None}
+        page, nxt = seek_page(ids, limit, lambda u: u)
+        return {"users": page, "cursor": nxt}
 
     # -- posts -----------------------------------------------------------------------
     async def create(self, author: str, text: str, repost_of: int | None,
@@ -195,9 +195,8 @@ class FeedService:
         return {"posts": await self.shape(shown), "cursor": page.cursor}
 
     async def _page(self, docs: list[dict[str, Any]], limit: int) -> dict[str, Any]:
-        more = len(docs) > limit
-        docs = docs[:limit]
-        return {"posts": await self.shape(docs), "cursor": docs[-1]["_id"] if more else None}
+        page, cursor = seek_page(docs, limit, lambda d: d["_id"])
+        return {"posts": await self.shape(page), "cursor": cursor}
 
     async def user_posts(self, user: str, cursor: int | None, limit: int) -> dict[str, Any]:
         return await self._page(

@@ -28,6 +28,7 @@ from core import dedup, groupseq, inbox
 from core.batcher import Batcher
 from core.errors import Unavailable
 from core.ids import mid_time_ms
+from core.paging import seek_page
 from gateway.chat import IdSource
 from gateway.claims import Claims
 from gateway.config import Settings
@@ -260,9 +261,8 @@ class GroupService:
                       ) -> tuple[list[dict[str, Any]], int | None]:
         from_seq, _ = await self._membership(user, group)
         msgs = await self.store.page(group, from_seq=from_seq, before=before, limit=limit + 1)
-        more = len(msgs) > limit
-        frames = [group_frame(m) for m in msgs[:limit]]
-        return frames, (frames[-1]["mid"] if more else None)
+        page, cursor = seek_page(msgs, limit, lambda m: m.mid)
+        return [group_frame(m) for m in page], cursor
 
     async def sync_rd(self, user: str, since: int, limit: int
                       ) -> list[tuple[int, dict[str, Any]]]:

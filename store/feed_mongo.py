@@ -24,14 +24,14 @@ from typing import Any
 from pymongo import ASCENDING, DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
-from store.mongo_client import mongo_guard
+from store.mongo_client import Index, ensure_indexes
 
 __all__ = ["FEED_INDEXES", "ensure_feed_indexes", "tl_id"]
 
 # Every read is an equality on the first key plus a range and sort on the
 # second: SecantusDB answers ``_id`` ranges by scanning the collection (640 ms
 # at 60,000 timeline entries, against 1.3 ms through (u, p)), mongod either way.
-FEED_INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
+FEED_INDEXES: list[Index] = [
     ("follows", [("a", ASCENDING), ("b", ASCENDING)], {"name": "a_b"}),
     ("fans", [("b", ASCENDING), ("a", ASCENDING)], {"name": "b_a"}),
     ("posts", [("author", ASCENDING), ("_id", DESCENDING)], {"name": "author_id"}),
@@ -46,6 +46,4 @@ def tl_id(user: str, post: int) -> str:
 
 
 async def ensure_feed_indexes(db: AsyncDatabase[dict[str, Any]]) -> None:
-    async with mongo_guard():
-        for collection, keys, options in FEED_INDEXES:
-            await db[collection].create_index(keys, **options)
+    await ensure_indexes(db, FEED_INDEXES)

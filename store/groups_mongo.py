@@ -27,15 +27,14 @@ from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError
 
 from store.errors import Unavailable
-from store.mongo_client import DUPLICATE_KEY, insert_idempotent, mongo_guard
+from store.mongo_client import Index, ensure_indexes, insert_each, insert_idempotent, mongo_guard
 from store.records import GroupMessage, Membership
 
 __all__ = ["GROUP_INDEXES", "GroupsMongo", "group_message", "msg_id"]
 
-GROUP_INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
+GROUP_INDEXES: list[Index] = [
     ("group_members", [("u", ASCENDING)], {"name": "user"}),
     ("group_members", [("g", ASCENDING)], {"name": "group"}),
     ("group_msgs", [("g", ASCENDING), ("mid", ASCENDING)], {"name": "group_mid"}),
@@ -65,9 +64,7 @@ class GroupsMongo:
         self.msgs = db["group_msgs"]
 
     async def ensure_indexes(self) -> None:
-        async with mongo_guard():
-            for collection, keys, options in GROUP_INDEXES:
-                await self.db[collection].create_index(keys, **options)
+        await ensure_indexes(self.db, GROUP_INDEXES)
 
     # -- groups and members --------------------------------------------------
     async def create(self, group: str, name: str, owner: str, members: Sequence[str]) -> None:
@@ -92,17 +89,13 @@ class GroupsMongo:
         messages from the group's current seq on. Returns (added, that seq)."""
         async with mongo_guard():
             doc = await self.groups.find_one({"_id": group}, {"seq": 1})
-            seq = int(doc["seq"]) if doc else 0
-            added = list(users)
-            try:
-                await self.members.insert_many([self._member(group, u, seq) for u in users],
-                                               ordered=False)
-            except BulkWriteError as exc:
-                errors = exc.details.get("writeErrors", [])
-                if any(e.get("code") != DUPLICATE_KEY for e in errors):
-                    raise Unavailable("mongo", "member write failed") from exc
-                dup = {e["index"] for e in errors}
-                added = [u for i, u in enumerate(users) if i not in dup]
+        seq = int(doc["seq"]) if doc else 0
+        dup, failed = await insert_each(self.members,
+                                        [self._member(group, u, seq) for u in users])
+        if failed:
+            raise Unavailable("mongo", "member write failed")
+        added = [u for i, u in enumerate(users) if i not in dup]
+        async with mongo_guard():
             if added:
                 await self.groups.update_one({"_id": group}, {"$inc": {"size": len(added)}})
         return added, seq
@@ -152,26 +145,19 @@ class GroupsMongo:
         docs = [{"_id": msg_id(m.group, m.seq), "g": m.group, "seq": m.seq, "mid": m.mid,
                  "from": m.sender, "cmid": m.cmid, "body": m.body, "wd": m.wd} for m in msgs]
         out: list[GroupMessage | BaseException] = list(msgs)
-        async with mongo_guard():
-            try:
-                await self.msgs.insert_many(docs, ordered=False)
-                return out
-            except BulkWriteError as exc:
-                errors = exc.details.get("writeErrors", [])
-            burned: list[GroupMessage] = []
-            for e in errors:
-                i, m = e["index"], msgs[e["index"]]
-                original = None
-                if e.get("code") == DUPLICATE_KEY:
-                    original = await self.msgs.find_one(
-                        {"g": m.group, "from": m.sender, "cmid": m.cmid})
-                if original is not None and original.get("mid") is not None:
-                    out[i] = GroupMessage(m.group, original["seq"], original["mid"], m.sender,
-                                          m.cmid, original["body"], original.get("wd", False))
-                    burned.append(m)
-                else:
-                    out[i] = Unavailable("mongo", f"write error {e.get('code')}")
-                    burned.append(m)
+        dup, failed = await insert_each(self.msgs, docs)
+        burned = [msgs[i] for i in sorted(dup | set(failed))]
+        for i, code in failed.items():
+            out[i] = Unavailable("mongo", f"write error {code}")
+        for i in dup:
+            m = msgs[i]
+            async with mongo_guard():
+                original = await self.msgs.find_one({"g": m.group, "from": m.sender,
+                                                     "cmid": m.cmid})
+            if original is not None and original.get("mid") is not None:
+                out[i] = group_message(original)
+            else:
+                out[i] = Unavailable("mongo", "write error duplicate seq")
         if burned:
             await self.fill(burned)
         return out

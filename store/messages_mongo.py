@@ -17,17 +17,22 @@ from typing import Any
 
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError
 
 from store.errors import Unavailable
 from store.groups_mongo import group_message
-from store.mongo_client import DUPLICATE_KEY, insert_idempotent, mongo_guard
+from store.mongo_client import (
+    Index,
+    ensure_indexes,
+    insert_each,
+    insert_idempotent,
+    mongo_guard,
+)
 from store.records import ChatMessage, GroupMessage, StoredMessage
 
 __all__ = ["INDEXES", "MessagesMongo", "body_doc", "box_docs", "box_id"]
 
 # (collection, keys, options): every index the chat collections carry.
-INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
+INDEXES: list[Index] = [
     ("messages", [("from", ASCENDING), ("cmid", ASCENDING)],
      {"unique": True, "name": "sender_cmid"}),
     ("boxes", [("owner", ASCENDING), ("conv", ASCENDING), ("mid", ASCENDING)],
@@ -62,9 +67,7 @@ class MessagesMongo:
         self.group_msgs = self.db["group_msgs"]
 
     async def ensure_indexes(self) -> None:
-        async with mongo_guard():
-            for collection, keys, options in INDEXES:
-                await self.db[collection].create_index(keys, **options)
+        await ensure_indexes(self.db, INDEXES)
 
     async def ping(self) -> None:
         async with mongo_guard():
@@ -86,23 +89,16 @@ class MessagesMongo:
         return resolved
 
     async def _insert_bodies(self, msgs: Sequence[ChatMessage]) -> list[int | BaseException]:
-        docs = [body_doc(m) for m in msgs]
         out: list[int | BaseException] = [m.mid for m in msgs]
-        async with mongo_guard():
-            try:
-                await self.messages.insert_many(docs, ordered=False)
-                return out
-            except BulkWriteError as exc:
-                errors = exc.details.get("writeErrors", [])
-            dup = [e["index"] for e in errors if e.get("code") == DUPLICATE_KEY]
-            for e in errors:
-                if e.get("code") != DUPLICATE_KEY:
-                    out[e["index"]] = Unavailable("mongo", f"write error {e.get('code')}")
-            if dup:
+        dup, failed = await insert_each(self.messages, [body_doc(m) for m in msgs])
+        for i, code in failed.items():
+            out[i] = Unavailable("mongo", f"write error {code}")
+        if dup:
+            async with mongo_guard():
                 found = await self._find_originals([msgs[i] for i in dup])
-                for i in dup:
-                    mid = found.get((msgs[i].sender, msgs[i].cmid))
-                    out[i] = mid if mid is not None else Unavailable("mongo", "duplicate race")
+            for i in dup:
+                mid = found.get((msgs[i].sender, msgs[i].cmid))
+                out[i] = mid if mid is not None else Unavailable("mongo", "duplicate race")
         return out
 
     async def _find_originals(self, msgs: Sequence[ChatMessage]) -> dict[tuple[str, str], int]:

@@ -8,13 +8,17 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from store.errors import Unavailable
 
-__all__ = ["DUPLICATE_KEY", "connect_mongo", "insert_idempotent", "mongo_guard"]
+__all__ = ["DUPLICATE_KEY", "Index", "connect_mongo", "ensure_indexes", "insert_each",
+           "insert_idempotent", "mongo_guard"]
 
 DUPLICATE_KEY = 11000
+# (collection, keys, options): one index a store's collections carry.
+Index = tuple[str, list[tuple[str, int]], dict[str, Any]]
 
 
 def connect_mongo(url: str, timeout_s: float, w: str = "majority"
@@ -55,15 +59,32 @@ async def mongo_guard() -> AsyncIterator[None]:
         raise Unavailable("mongo", type(exc).__name__) from exc
 
 
-async def insert_idempotent(collection: AsyncCollection[dict[str, Any]],
-                            docs: list[dict[str, Any]]) -> None:
-    """Unordered ``insert_many`` where a document already there (same ``_id`` or
-    unique key) counts as written; any other failure is ``Unavailable``."""
+async def ensure_indexes(db: AsyncDatabase[dict[str, Any]], indexes: list[Index]) -> None:
+    async with mongo_guard():
+        for collection, keys, options in indexes:
+            await db[collection].create_index(keys, **options)
+
+
+async def insert_each(collection: AsyncCollection[dict[str, Any]],
+                      docs: list[dict[str, Any]]) -> tuple[set[int], dict[int, int]]:
+    """Unordered ``insert_many``: (indexes of documents already there, by ``_id``
+    or a unique key; index -> error code of every other document that failed).
+    A failure of the whole call (no answer) is ``Unavailable``."""
     async with mongo_guard():
         try:
             await collection.insert_many(docs, ordered=False)
         except BulkWriteError as exc:
-            bad = [e for e in exc.details.get("writeErrors", [])
-                   if e.get("code") != DUPLICATE_KEY]
-            if bad:
-                raise Unavailable("mongo", f"write error {bad[0].get('code')}") from exc
+            errors = exc.details.get("writeErrors", [])
+            dup = {e["index"] for e in errors if e.get("code") == DUPLICATE_KEY}
+            return dup, {e["index"]: int(e.get("code") or 0) for e in errors
+                         if e.get("code") != DUPLICATE_KEY}
+    return set(), {}
+
+
+async def insert_idempotent(collection: AsyncCollection[dict[str, Any]],
+                            docs: list[dict[str, Any]]) -> None:
+    """Unordered ``insert_many`` where a document already there (same ``_id`` or
+    unique key) counts as written; any other failure is ``Unavailable``."""
+    _, failed = await insert_each(collection, docs)
+    if failed:
+        raise Unavailable("mongo", f"write error {next(iter(failed.values()))}")

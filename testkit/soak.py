@@ -177,8 +177,10 @@ class Soak:
 
     def _on_push(self, u: SoakUser, f: dict[str, Any]) -> None:
         mid = f.get("mid")
-        if f.get("op") != "msg" or f.get("to") != u.name or not isinstance(mid, int):
+        if f.get("op") != "msg" or not isinstance(mid, int):
             self.other[str(f.get("op"))] += 1
+        elif f.get("to") != u.name:  # its own message, replayed after a broker outage
+            self.other["msg from this user"] += 1
         elif mid in u.got:
             u.dup_pushes += 1
         else:
@@ -265,13 +267,15 @@ class Soak:
         """Connect, send for ``seconds`` (``event`` at ``event_at``), stop."""
         await self.connect_all()
         self.start()
-        if event is not None:
-            await asyncio.sleep(event_at)
-            await event()
-            await asyncio.sleep(max(0.0, seconds - event_at))
-        else:
-            await asyncio.sleep(seconds)
-        await self.stop()
+        try:
+            if event is not None:
+                await asyncio.sleep(event_at)
+                await event()
+                await asyncio.sleep(max(0.0, seconds - event_at))
+            else:
+                await asyncio.sleep(seconds)
+        finally:
+            await self.stop()
 
     # -- syncing and counting ------------------------------------------------------
     async def sync(self, u: SoakUser, final: bool = False) -> None:

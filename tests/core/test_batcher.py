@@ -73,15 +73,31 @@ async def test_submit_right_after_a_runner_finishes_is_flushed():
 
 async def test_observer_sees_batch_size_wait_and_flush_time():
     seen: list[tuple[int, float, float]] = []
+    now = [0.0]  # a clock that only the flush moves: each flush takes 10 "seconds"
+    gate = asyncio.Event()
 
     async def flush(items: list[int]) -> list[int]:
-        await asyncio.sleep(0.01)
+        await gate.wait()
+        now[0] += 10.0
         return items
 
-    b: Batcher[int, int] = Batcher(flush, name="t", observe=lambda *a: seen.append(a))
+    b: Batcher[int, int] = Batcher(flush, name="t", observe=lambda *a: seen.append(a),
+                                   clock=lambda: now[0])
     first = asyncio.create_task(b.submit(0))
-    await asyncio.sleep(0.001)  # the runner has taken item 0 and is flushing it
-    await asyncio.gather(first, b.submit(1), b.submit(2))
+    await asyncio.sleep(0)  # the runner has taken item 0 and waits in its flush
+    rest = [asyncio.create_task(b.submit(i)) for i in (1, 2)]
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.gather(first, *rest)
     assert [n for n, _, _ in seen] == [1, 2]  # the second batch queued behind the first
-    assert seen[1][1] >= 0.009  # it waited about one flush
-    assert all(took >= 0.009 for _, _, took in seen)
+    assert seen[0] == (1, 0.0, 10.0)
+    assert seen[1] == (2, 10.0, 10.0)  # it waited exactly one flush
+
+
+def test_seek_page_cuts_at_limit_and_names_the_next_cursor():
+    from core.paging import seek_page
+
+    assert seek_page([5, 4, 3], 2, lambda x: x) == ([5, 4], 4)
+    assert seek_page([5, 4], 2, lambda x: x) == ([5, 4], None)
+    assert seek_page([], 2, lambda x: x) == ([], None)
+    assert seek_page([{"id": 9}, {"id": 8}], 1, lambda d: d["id"]) == ([{"id": 9}], 9)
