@@ -72,75 +72,21 @@ import argparse
 import asyncio
 import os
 import time
-from collections import Counter
 from typing import Any
-
-from websockets.asyncio.client import ClientConnection
 
 from bench import cli, common
 from bench.cluster import NODES, Run
 from bench.failover import failover_lines, failover_phase
-from bench.load import (
-    Load,
-    Receiver,
-    Sender,
-    closed_loop,
-    dial,
-    measure_window,
-    stop_pumps,
-    summarise,
-)
+from bench.load import Load, closed_loop, measure_window, open_load, stop_pumps, summarise
 from bench.report import fmt, header_lines, load_section, md_table
+from testkit.nodes import NodeProcess
 
 TARGET_RATIO = 0.8
 
 
 # -- saturation (phases 1 and 2) -----------------------------------------------------
-class NodeSender(Sender):
-    """bench.load's Sender, also counting acks of measured sends (per phase)."""
-
-    def __init__(self, ws: ClientConnection, to: str, load: Load, node: int) -> None:
-        super().__init__(ws, to, load)
-        self.node = node
-        self.acked: Counter[int] = Counter()
-
-    def _on_frame(self, f: dict[str, Any]) -> None:
-        if f.get("op") == "ack":
-            entry = self.inflight.get(f.get("re"))
-            if entry is not None and entry[1] is not None:
-                self.acked[entry[1].phase] += 1
-        super()._on_frame(f)
-
-
-class NodeReceiver(Receiver):
-    """bench.load's Receiver, also counting pushes of measured sends (per phase)."""
-
-    def __init__(self, ws: ClientConnection, load: Load, node: int) -> None:
-        super().__init__(ws, load)
-        self.node = node
-        self.got: Counter[int] = Counter()
-
-    def _on_frame(self, f: dict[str, Any]) -> None:
-        body = f.get("body")
-        if f.get("op") == "msg" and isinstance(body, dict):
-            self.got[body.get("m", -1)] += 1
-        super()._on_frame(f)
-
-
-async def open_spread_load(ws_urls: list[str], secret: str, pairs: int, tag: str) -> Load:
-    """Sender i on node i % n, its receiver on node (i+1) % n (the same node when n = 1)."""
-    n, load = len(ws_urls), Load()
-    receivers = await asyncio.gather(*(dial(ws_urls[(i + 1) % n], secret, f"{tag}-r{i}")
-                                       for i in range(pairs)))
-    senders = await asyncio.gather(*(dial(ws_urls[i % n], secret, f"{tag}-s{i}")
-                                     for i in range(pairs)))
-    load.receivers = [NodeReceiver(ws, load, (i + 1) % n) for i, ws in enumerate(receivers)]
-    load.senders = [NodeSender(ws, f"{tag}-r{i}", load, i % n) for i, ws in enumerate(senders)]
-    return load
-
-
 async def saturation(load: Load, args: argparse.Namespace, names: dict[int, str],
-                     nodes: list[common.NodeProcess], phase: int) -> dict[str, Any]:
+                     nodes: list[NodeProcess], phase: int) -> dict[str, Any]:
     """Closed loop for warmup + duration; totals, then per node."""
     stats = load.begin_phase(phase)
     opens_at = time.perf_counter() + args.warmup
@@ -151,18 +97,14 @@ async def saturation(load: Load, args: argparse.Namespace, names: dict[int, str]
     seconds, cpu = await measure_window(load, names, None, time.perf_counter(), until)
     after = await asyncio.gather(*(common.fetch_metrics(n.http_url) for n in nodes))
     cpu["stuck_senders"] = await stop_pumps(pumps)
-    for s in load.senders:
-        s.slots = None
     result = summarise(stats, seconds, cpu, await load.drain())
     deltas = [common.metrics_delta(b, a) for b, a in zip(before, after, strict=True)]
     if len(nodes) == 1:
         cpu["node_metrics"] = deltas[0]
     result["per_node"] = []
     for i, node in enumerate(nodes):
-        acks = sum(s.acked[phase] for s in load.senders if isinstance(s, NodeSender)
-                   and s.node == i)
-        got = sum(r.got[phase] for r in load.receivers if isinstance(r, NodeReceiver)
-                  and r.node == i)
+        acks = sum(s.acked[phase] for s in load.senders if s.node == i)
+        got = sum(r.got[phase] for r in load.receivers if r.node == i)
         result["per_node"].append({
             "node": node.name, "pid": node.pid,
             "acks_per_s": round(acks / seconds, 1), "deliveries_per_s": round(got / seconds, 1),
@@ -177,8 +119,7 @@ async def saturation_phase(args: argparse.Namespace, run: Run, n_nodes: int,
     try:
         names = {os.getpid(): "load generator (this process)"}
         names |= {n.pid: f"node {i} {n.name}" for i, n in enumerate(nodes)}
-        load = await open_spread_load([n.ws_url for n in nodes], run.secret, args.pairs,
-                                      f"{ns}-p")
+        load = await open_load([n.ws_url for n in nodes], run.secret, args.pairs, f"{ns}-p")
         try:
             result = await saturation(load, args, names, nodes, phase)
             result["unexpected_frames"] = dict(load.other)
@@ -324,7 +265,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    r = Run(args)
+    r = Run(args, "multinode")
     keys = ("pairs", "window", "duration", "warmup", "failover_clients", "failover_interval",
             "failover_before", "failover_after", "mongo_url", "redis_url")
     res: dict[str, Any] = {
