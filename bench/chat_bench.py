@@ -67,7 +67,8 @@ from bench.load import (
     summarise,
 )
 from bench.report import fmt, header_lines, load_section, md_table, profile_section
-from store.messages import INDEXES, ChatMessage, body_doc, box_docs
+from store.messages_mongo import INDEXES, body_doc, box_docs
+from store.records import ChatMessage
 from testkit.nodes import NodeProcess
 
 RAW_BATCHES = (1, 16, 64, 256)
@@ -262,8 +263,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-raw", action="store_true", help="leave out the raw store phase")
     p.add_argument("--node-url", help="ws://127.0.0.1:PORT/ws of a running node (needs --secret)")
     p.add_argument("--secret", help="that node's IM_AUTH_SECRET")
-    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    cli.add_store_urls(p, amqp=False)
     p.add_argument("--profile", action="store_true",
                    help="py-spy the node for up to 5 s during saturation")
     args = p.parse_args(argv)
@@ -316,17 +316,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.node_url:  # someone else's node: only the raw phase's database is ours
             r.namespaces = [f"{ns}_raw"]
         res["cleanup"] = await r.cleanup()
+    raw = res.get("raw")
+    res["ratio"] = (round(res["saturation"]["acks_per_s"] / raw["best_msgs_per_s"], 3)
+                    if raw and raw["best_msgs_per_s"] else None)
     return res
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    cli.note_invocation(args, argv)
-    res = common.run_loop(run(args))
-    raw = res.get("raw")
-    res["ratio"] = (round(res["saturation"]["acks_per_s"] / raw["best_msgs_per_s"], 3)
-                    if raw and raw["best_msgs_per_s"] else None)
-    res["json"] = str(common.write_json(res, args.stamp, "chat"))
+    res = cli.execute(parse_args(argv), argv, run, "chat")
+    if res is None:
+        return 130
     print(render(res))
     return 0
 

@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import sys
 import time
@@ -39,6 +40,11 @@ def percentile(sorted_values: list[float], p: float) -> float | None:
         return None
     rank = min(len(sorted_values), max(1, math.ceil(p / 100 * len(sorted_values))))
     return sorted_values[rank - 1]
+
+
+def merge_counts(dicts: list[dict[Any, int]]) -> dict[Any, int]:
+    """Counts summed key by key."""
+    return dict(sum((Counter(d) for d in dicts), Counter()))
 
 
 def latency_summary(samples: list[float], ps: tuple[float, ...] = (50, 95, 99)) -> dict[str, Any]:
@@ -301,3 +307,74 @@ def run_loop(coro: Any) -> Any:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+# -- child processes -------------------------------------------------------------------
+def raise_fd_limit() -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit (children inherit it); returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+class Child:
+    """``python -m <module> ...`` of this repository (subscribers, idle clients,
+    baseline servers), driven by lines over its stdin and stdout; stderr goes to
+    ``log_path``. EOF on its stdin tells it to stop."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+        self.proc, self.log_path = proc, log_path
+
+    @classmethod
+    async def spawn(cls, log_path: Path, *argv: str, **env: str) -> Child:
+        with open(log_path, "ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", *argv, cwd=REPO, env={**os.environ, **env},
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err)
+        return cls(proc, log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def readline(self, timeout: float = 30) -> bytes:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            raise RuntimeError(f"{self.log_path.stem} (pid {self.pid}) exited: {self.tail()}")
+        return line
+
+    async def ask(self, cmd: str | dict[str, Any] | None, timeout: float = 30) -> dict[str, Any]:
+        """Send ``cmd`` (a line, or JSON; None: nothing) and read one JSON line back."""
+        assert self.proc.stdin is not None
+        if cmd is not None:
+            self.proc.stdin.write((cmd.encode() if isinstance(cmd, str) else orjson.dumps(cmd))
+                                  + b"\n")
+            await self.proc.stdin.drain()
+        answer: dict[str, Any] = orjson.loads(await self.readline(timeout))
+        return answer
+
+    async def stop(self, quit_cmd: str | dict[str, Any] | None = None,
+                   grace_s: float = 10) -> int | None:
+        """``quit_cmd`` (answer awaited, bounded), EOF, SIGTERM after ``grace_s``, then
+        SIGKILL; returns the exit code."""
+        if self.proc.returncode is None:
+            if quit_cmd is not None:
+                with contextlib.suppress(Exception):
+                    await self.ask(quit_cmd, 5)
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            for stop in (self.proc.terminate, self.proc.kill):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.proc.wait(), grace_s)
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    stop()
+            await self.proc.wait()
+        return self.proc.returncode
+
+    def tail(self, chars: int = 600) -> str:
+        if not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")[-chars:]

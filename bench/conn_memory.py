@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import resource
 import secrets
@@ -48,12 +47,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
-
-import orjson
 
 from bench import cli, common
-from bench.idle_clients import PYTHON, SECRET_ENV, BareServer, raise_fd_limit
+from bench.cluster import Run
+from bench.idle_clients import SECRET_ENV
 from bench.report import fmt, header_lines, md_table
 
 TARGET_BYTES = 16 * 1024
@@ -91,70 +88,47 @@ async def settled_memory(pid: int, timeout_s: float, window: int = 5,
 
 
 # -- client processes ------------------------------------------------------------------
-class ClientProc:
-    """One ``bench.idle_clients clients`` subprocess, driven line by line."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-
-    @classmethod
-    async def start(cls, url: str, prefix: str, secret: str, concurrency: int) -> ClientProc:
-        proc = await asyncio.create_subprocess_exec(
-            PYTHON, "-m", "bench.idle_clients", "clients", "--url", url, "--prefix", prefix,
-            "--concurrency", str(concurrency), cwd=common.REPO,
-            env={**os.environ, SECRET_ENV: secret}, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE)
-        me = cls(proc)
-        await me._line(30)
-        return me
-
-    async def _line(self, timeout_s: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
-        if not line:
-            raise RuntimeError(f"client process {self.proc.pid} exited")
-        answer: dict[str, Any] = orjson.loads(line)
-        return answer
-
-    async def cmd(self, line: str, timeout_s: float = 600) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        await self.proc.stdin.drain()
-        return await self._line(timeout_s)
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(Exception):
-                await self.cmd("close", 30)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 10)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
-                await self.proc.wait()
-
-
 def split(n: int, k: int) -> list[int]:
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 
-async def on_all(clients: list[ClientProc], lines: list[str]) -> list[dict[str, Any]]:
-    return list(await asyncio.gather(*(c.cmd(line) for c, line in zip(clients, lines,
-                                                                        strict=True))))
+async def on_all(clients: list[common.Child], lines: list[str]) -> list[dict[str, Any]]:
+    return list(await asyncio.gather(*(c.ask(line, 600) for c, line in zip(clients, lines,
+                                                                           strict=True))))
 
 
 # -- servers ---------------------------------------------------------------------------
+class BareServer:
+    """``bench.room_baselines idle``: websockets' ``serve``, the handler awaits
+    ``wait_closed()``."""
+
+    def __init__(self, child: common.Child, ws_url: str) -> None:
+        self.child, self.ws_url, self.pid = child, ws_url, child.pid
+
+    @classmethod
+    async def start(cls, log_path: Path) -> BareServer:
+        child = await common.Child.spawn(log_path, "bench.room_baselines", "idle")
+        line = (await child.readline()).decode()
+        if not line.startswith("READY "):
+            await child.stop()
+            raise RuntimeError(f"bare server did not start; see {log_path}")
+        return cls(child, line.split()[1])
+
+
 async def measure(kind: str, server: Any, args: argparse.Namespace,
                   secret: str) -> dict[str, Any]:
     """Steps 1-5 of the module docstring against one started server."""
     k = args.clients
     per_client_conc = max(1, -(-args.concurrency // k))
     prefix = f"cm{secrets.token_hex(4)}"
-    clients: list[ClientProc] = []
+    clients: list[common.Child] = []
     try:
         for i in range(k):
-            clients.append(await ClientProc.start(server.ws_url, f"{prefix}-{i}", secret,
-                                                  per_client_conc))
+            clients.append(await common.Child.spawn(
+                common.OUT_DIR / f"conn-memory-{args.stamp}-{kind}-clients{i}.log",
+                "bench.idle_clients", "--url", server.ws_url, "--prefix", f"{prefix}-{i}",
+                "--concurrency", str(per_client_conc), **{SECRET_ENV: secret}))
+            await clients[-1].ask(None)  # ready
         fds0 = fd_count(server.pid)
         warm = await on_all(clients, [f"open {n}" for n in split(args.warmup, k)])
         warm_open = sum(r["open"] for r in warm)
@@ -174,7 +148,7 @@ async def measure(kind: str, server: Any, args: argparse.Namespace,
         if kind == "node":
             gauge = (await common.fetch_metrics(server.http_url)).get("im_connections")
     finally:
-        await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+        await asyncio.gather(*(c.stop("close", 30) for c in clients), return_exceptions=True)
     held = sum(s["open"] for s in states)
     sampled, ponged = sum(p["sampled"] for p in pings), sum(p["ponged"] for p in pings)
     failed = sum(r["failed"] for r in warm + rest)
@@ -187,7 +161,7 @@ async def measure(kind: str, server: Any, args: argparse.Namespace,
         "server": kind, "pid": server.pid, "ws_url": server.ws_url,
         "connections": args.connections, "warmup_open": warm_open,
         "opened_after_baseline": opened_after, "failed": failed,
-        "attempt_errors": _merge(r["attempt_errors"] for r in warm + rest),
+        "attempt_errors": common.merge_counts([r["attempt_errors"] for r in warm + rest]),
         "open_seconds": round(open_s, 2),
         "open_per_s": round(opened_after / open_s, 1) if open_s else None,
         "memory_before": before, "memory_after": after,
@@ -201,18 +175,10 @@ async def measure(kind: str, server: Any, args: argparse.Namespace,
     }
 
 
-def _merge(dicts: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for d in dicts:
-        for key, n in d.items():
-            out[key] = out.get(key, 0) + n
-    return out
-
-
 # -- the run ---------------------------------------------------------------------------
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    secret = secrets.token_hex(32)
-    ns = common.new_namespace()
+    r = Run(args, "conn-memory")
+    ns = r.namespace("")
     results: dict[str, Any] = {
         "command": cli.command_line("bench.conn_memory", args.argv).strip(),
         "machine": common.machine_facts(), "code": common.code_version(),
@@ -223,43 +189,32 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     common.OUT_DIR.mkdir(parents=True, exist_ok=True)
     try:
         for kind in args.servers:
-            log = common.OUT_DIR / f"conn-memory-{args.stamp}-{kind}.log"
             if kind == "node":
-                server: Any = common.NodeProcess(
-                    {**common.node_env(args, ns, secret), "IM_AMQP_URL": args.amqp_url}, log)
+                server: Any = (await r.start_nodes(ns, 1, "node"))[0]
             else:
-                server = BareServer(log)
+                server = await BareServer.start(
+                    common.OUT_DIR / f"conn-memory-{args.stamp}-{kind}.log")
             try:
-                await server.start()
                 print(f"{kind}: pid {server.pid} at {server.ws_url}", file=sys.stderr)
-                res = await measure(kind, server, args, secret)
+                res = await measure(kind, server, args, r.secret)
             finally:
-                code = await server.stop()
+                if kind == "node":
+                    await r.stop_nodes([server])
+                    code, log = r.nodes[-1]["exit_code"], server.log_path
+                else:
+                    code, log = await server.child.stop(), server.child.log_path
             res["exit_code"] = code
             res["log"] = str(log)
             if kind == "node":
-                res["log_findings"] = common.log_findings(log)
+                res["log_findings"] = r.nodes[-1]["log_findings"]
             results["servers"][kind] = res
             print(f"{kind}: {res['bytes_per_conn']} bytes/conn, verified={res['verified']}",
                   file=sys.stderr)
     finally:
         if "node" in args.servers:
-            results["cleanup"] = await cleanup(args, ns)
+            results["cleanup"] = (await r.cleanup())[ns]
     results["verdict"] = verdict(results, args)
     return results
-
-
-async def cleanup(args: argparse.Namespace, ns: str) -> dict[str, Any]:
-    done: dict[str, Any] = {}
-    for what, job in (("mongo", lambda: common.drop_databases(args.mongo_url, [ns])),
-                      ("redis_keys", lambda: common.delete_redis_keys(args.redis_url, ns)),
-                      ("exchanges", lambda: common.delete_exchanges(args.amqp_url, ns))):
-        try:
-            async with asyncio.timeout(60):
-                done[what] = await job()
-        except Exception as exc:  # noqa: BLE001 - reported; the results still matter
-            done[what] = f"failed: {exc!r}"
-    return done
 
 
 def verdict(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -340,9 +295,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--settle-timeout", type=float, default=60.0)
     p.add_argument("--ping-sample", type=int, default=300, help="connections pinged at the end")
     p.add_argument("--servers", default="node,bare", help="which to measure, in order")
-    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    p.add_argument("--amqp-url", default=common.DEFAULT_AMQP_URL)
+    cli.add_store_urls(p)
     args = p.parse_args(argv)
     if args.quick:
         args.connections = 2000
@@ -354,25 +307,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--servers takes node and/or bare")
     if not 0 < args.warmup < args.connections or args.clients < 1 or args.concurrency < 1:
         p.error("need 0 < --warmup < --connections, --clients >= 1, --concurrency >= 1")
-    for url in (args.mongo_url, args.redis_url, args.amqp_url):
-        if urlsplit(url).hostname not in cli.LOOPBACK:
-            p.error(f"{url}: only 127.0.0.1 is allowed")
-    limit = raise_fd_limit()
+    cli.check_loopback(p, [args.mongo_url, args.redis_url, args.amqp_url])
+    limit = common.raise_fd_limit()
     if args.connections + FD_MARGIN > limit:
         p.error(f"{args.connections} connections need more than the fd limit {limit} "
                 "allows one server process")
     if -(-args.connections // args.clients) + FD_MARGIN > limit:
         p.error("too few --clients for the fd limit")
-    cli.note_invocation(args, argv)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    res = common.run_loop(run(args))
-    path = common.write_json(res, args.stamp, prefix="conn-memory")
+    res = cli.execute(parse_args(argv), argv, run, "conn-memory")
+    if res is None:
+        return 130
     print(report(res))
-    print(f"JSON: {path}")
+    print(f"JSON: {res['json']}")
     return 0 if all(r["verified"] for r in res["servers"].values()) else 1
 
 

@@ -28,21 +28,24 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
-import orjson
 import redis.asyncio as aioredis
 
 from bench import cli, common
 from bench.cluster import Run
-from bench.report import fmt, header_lines, md_table
-from gateway.auth import issue_token
-from gateway.feed import FANOUT_CHUNK
-from store.feed import FEED_INDEXES, FeedStore, tl_id
-from store.feed_cache import FeedCache
+from bench.report import fmt, header_lines, md_table, node_lines
+from router.timeline_fanout import FANOUT_CHUNK
+from store.counters_redis import CountersRedis
+from store.feed_mongo import FEED_INDEXES, tl_id
+from store.feed_redis import FeedCacheRedis
+from store.follows_mongo import FollowsMongo
 from store.keys import Keys
 from store.mongo_client import connect_mongo
+from store.posts_mongo import PostsMongo
+from store.timeline_mongo import TimelineMongo
+from testkit.http import HttpError, HttpUsers
+from testkit.nodes import NodeProcess
 
 SEED_002_S = 16.3  # seed 002: average time until 5,000 timelines have a post (PostgreSQL)
 CONCURRENCY = 50
@@ -63,27 +66,23 @@ def summary(samples: list[float]) -> dict[str, Any]:
 
 
 class Http:
-    """The node's HTTP API as any user (tokens issued here, cached)."""
+    """The node's HTTP API as any user (``testkit.http``), timed; a request that fails
+    in transport is retried (counted and reported; its time is not)."""
 
     def __init__(self, base_url: str, secret: str) -> None:
-        self.secret, self.tokens, self.retries = secret, {}, 0
         # Idle connections are dropped before uvicorn's 5 s keep-alive closes them (a
         # request racing that close fails with ReadError).
-        self.client = httpx.AsyncClient(base_url=base_url, timeout=60, trust_env=False,
-                                        limits=httpx.Limits(max_connections=CONCURRENCY,
-                                                            keepalive_expiry=2))
+        self.users = HttpUsers(base_url, secret, limits=httpx.Limits(
+            max_connections=CONCURRENCY, keepalive_expiry=2))
+        self.retries = 0
 
     async def call(self, method: str, user: str, path: str, body: Any = None
                    ) -> tuple[float, Any]:
         """(seconds, decoded answer); raises unless 200."""
-        if user not in self.tokens:
-            self.tokens[user] = issue_token(self.secret, user, 3600)
-        headers = {"Authorization": f"Bearer {self.tokens[user]}",
-                   "Content-Type": "application/json"}
-        for attempt in range(3):  # a retry is counted (and reported); its time is not
-            t, content = time.perf_counter(), None if body is None else orjson.dumps(body)
+        for attempt in range(3):
+            t = time.perf_counter()
             try:
-                r = await self.client.request(method, path, content=content, headers=headers)
+                r = await self.users[user].request(method, path, json=body)
                 break
             except httpx.TransportError as exc:
                 self.retries += 1
@@ -92,8 +91,8 @@ class Http:
                     raise
         took = time.perf_counter() - t
         if r.status_code != 200:
-            raise RuntimeError(f"{method} {path} as {user}: {r.status_code} {r.text[:300]}")
-        return took, orjson.loads(r.content)
+            raise HttpError(r)
+        return took, r.json()
 
     async def post(self, user: str, text: str) -> tuple[float, int]:
         took, body = await self.call("POST", user, "/v1/posts", {"text": text})
@@ -117,20 +116,18 @@ async def bounded(jobs: list[Awaitable[Any]], limit: int = CONCURRENCY) -> list[
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args, self.run = args, Run(args)
+        self.args, self.run = args, Run(args, "feed")
         self.ns_a, self.ns_b = self.run.namespace("a"), self.run.namespace("b")
         self.raw_db = self.run.base + "raw"
         self.mongo = connect_mongo(args.mongo_url, 60)
         self.redis = aioredis.Redis.from_url(args.redis_url, socket_timeout=30)
         self.names = {os.getpid(): "feed_bench (this process)"}
-        self.nodes, self.https, self.cpu = [], [], []  # NodeProcess, Http, phase CPU
+        self.nodes: list[NodeProcess] = []
+        self.https: list[Http] = []
+        self.cpu: list[dict[str, Any]] = []  # per phase
 
-    async def start_node(self, ns: str, label: str, extra: dict[str, str]) -> Http:
-        a = self.args
-        env = {**common.node_env(a, ns, self.run.secret), "IM_AMQP_URL": a.amqp_url,
-               **extra}
-        self.nodes.append(common.NodeProcess(env, common.OUT_DIR / f"feed-{a.stamp}-{label}.log"))
-        await self.nodes[-1].start()
+    async def start_node(self, ns: str, label: str, **settings: Any) -> Http:
+        self.nodes += await self.run.start_nodes(ns, 1, label, **settings)
         self.names[self.nodes[-1].pid] = f"gateway node {label}"
         self.https.append(Http(self.nodes[-1].http_url, self.run.secret))
         return self.https[-1]
@@ -210,7 +207,7 @@ class Bench:
 
     # -- 2. raw store -----------------------------------------------------------------
     async def raw_store(self) -> dict[str, Any]:
-        coll, fans = self.mongo[self.raw_db]["timelines"], FeedStore(self.mongo[self.ns_a])
+        coll, fans = self.mongo[self.raw_db]["timelines"], FollowsMongo(self.mongo[self.ns_a])
         for collection, keys, options in FEED_INDEXES:
             if collection == "timelines":
                 await coll.create_index(keys, **options)
@@ -219,7 +216,7 @@ class Bench:
             post, after, t = 1 << 50 | rep, None, {"fans_read": 0.0, "insert": 0.0, "redis": 0.0}
             while True:
                 s = time.perf_counter()
-                chunk = await fans.fan_page("au", after, FANOUT_CHUNK)
+                chunk = await fans.page_ids("followers", "au", after, FANOUT_CHUNK)
                 t["fans_read"] += time.perf_counter() - s
                 if not chunk:
                     break
@@ -265,32 +262,32 @@ class Bench:
 
     async def replay(self, ns: str, user: str, reps: int = 20) -> list[dict[str, Any]]:
         """The store calls of one first-page read (FeedService.timeline), timed alone."""
-        store = FeedStore(self.mongo[ns])
-        cache = FeedCache(self.redis, Keys(ns), store)
+        db = self.mongo[ns]
+        posts, timelines = PostsMongo(db), TimelineMongo(db)
+        cache = FeedCacheRedis(self.redis, Keys(ns), FollowsMongo(db), posts)
+        counters = CountersRedis(self.redis, Keys(ns))
         authors = await cache.following(user) | {user}
         floor, pulls = await cache.floor(user), await cache.pull_max(authors)
-        top, want = {"reply_to": None, "deleted": False}, LIMIT + 1
-        every = {"author": {"$in": sorted(authors)}}
-        raw = await store.timeline_page(user, floor, None, 2 * want)
-        docs = list((await store.get_posts([p for p, _ in raw[:LIMIT]])).values())
+        want = LIMIT + 1
+        raw = await timelines.page(user, floor, None, 2 * want)
+        docs = list((await posts.get_posts([p for p, _ in raw[:LIMIT]])).values())
         steps: list[tuple[str, Any, bool, Callable[[], Awaitable[Any]]]] = [
             ("redis: following, floor, pull_max (parallel)", len(authors), True,
              lambda: asyncio.gather(cache.following(user), cache.floor(user),
                                     cache.pull_max(authors))),
             ("mongo: timeline window ((u, p) index, limit 102)", len(raw), True,
-             lambda: store.timeline_page(user, floor, None, 2 * want)),
+             lambda: timelines.page(user, floor, None, 2 * want)),
             ("mongo: unpushed posts per pulled author (parallel)", len(pulls), bool(pulls),
-             lambda: asyncio.gather(*(store.posts_page({"author": a}, None, want,
-                                                       where={**top, "pushed": False})
-                                      for a in pulls))),
+             lambda: asyncio.gather(*(posts.by_author(a, None, want, top_level=True,
+                                                      unpushed=True) for a in pulls))),
             ("redis: fan-outs under way (zset)", len(authors), True,
              lambda: cache.pending_below(None)),
             ("mongo: authors' posts (author $in; window short)", len(authors),
-             len(raw) < 2 * want, lambda: store.posts_page(every, None, want, where=top)),
+             len(raw) < 2 * want, lambda: posts.by_authors(sorted(authors), None, want)),
             ("mongo: get_posts (_id $in)", len(docs), True,
-             lambda: store.get_posts([d["_id"] for d in docs])),
+             lambda: posts.get_posts([d["_id"] for d in docs])),
             ("redis: counts of the page (Lua pipeline)", len(docs), True,
-             lambda: cache.counts(docs))]
+             lambda: counters.counts(docs))]
         out = []
         for label, n, used, step in steps:
             samples = [await timed(step) for _ in range(reps)]
@@ -323,11 +320,11 @@ class Bench:
 
     async def close(self) -> dict[str, Any]:
         for h in self.https:
-            await h.client.aclose()
+            await h.users.aclose()
         await self.run.stop_nodes([n for n in self.nodes if n.proc and n.proc.returncode is None])
         try:
             out = await self.run.cleanup()
-            await common.drop_databases(self.args.mongo_url, [self.raw_db])
+            await self.mongo.drop_database(self.raw_db)
         finally:
             await self.mongo.close()
             await self.redis.aclose()
@@ -399,11 +396,7 @@ def render(res: dict[str, Any]) -> str:
           ", ".join(f"{p['what'][:26]} {p['cores']:.2f}" for p in c["top"][:4]),
           f"{c['other_cores']:.2f}" + "".join(f" ({p['what'][:40]})" for p in c["other_top"][:1])]
          for c in res["cpu"]])
-    for n in res["nodes"]:
-        lf = n["log_findings"]
-        lines.append(f"- node log `{n['log']}`: exit {n['exit_code']}, {lf['warnings']} warnings"
-                     f", {lf['errors']} errors, {lf['tracebacks']} tracebacks"
-                     + "".join(f"; {t['count']}x {t['line'][:120]}" for t in lf["top"][:3]))
+    lines += node_lines(res["nodes"])
     return "\n".join(lines + [f"- HTTP requests retried after a transport error: "
                                f"{res['http_retries']}", f"- results: `{res.get('json')}`"])
 
@@ -428,15 +421,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
     p.add_argument("--quick", action="store_true",
                    help="500 followers, 3 posts, 120 fill, 60 authors, 30 reads, 2 raw reps")
-    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    p.add_argument("--amqp-url", default=common.DEFAULT_AMQP_URL)
+    cli.add_store_urls(p)
     a = p.parse_args(argv)
     if a.quick:
         a.followers, a.posts, a.fill, a.authors, a.repeat, a.raw_reps = 500, 3, 120, 60, 30, 2
-    for url in (a.mongo_url, a.redis_url, a.amqp_url):
-        if urlsplit(url).hostname not in cli.LOOPBACK:
-            p.error(f"{url}: only 127.0.0.1 is allowed")
+    cli.check_loopback(p, [a.mongo_url, a.redis_url, a.amqp_url])
     if (min(a.followers, a.posts, a.repeat, a.raw_reps, a.big, a.author_posts, a.poll_ms) <= 0
             or a.big > a.authors or a.big_followers <= a.pull_max or a.warmup_posts
             < 0 or min(a.fill + a.posts + a.warmup_posts, a.authors * a.author_posts) <= 2 * LIMIT):
@@ -453,7 +442,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {k: v for k, v in vars(a).items() if k not in ("argv", "code", "stamp")},
         "cpu": b.cpu, "nodes": b.run.nodes}
     try:
-        http = await b.start_node(b.ns_a, "A", {})
+        http = await b.start_node(b.ns_a, "A")
         res["fanout_setup"] = await b.phase("fan-out setup", b.fanout_setup(http),
                                             600 + a.followers * 0.2 + a.fill)
         res["fanout"] = await b.phase("fan-out posts", b.fanout_measure(http),
@@ -464,7 +453,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         res["read_pushed"]["setup"] = f"{a.fill} authors x 1 + {len(b.main_posts)} posts"
         await b.run.stop_nodes(b.nodes[:1])
         res["raw"] = await b.phase("raw store", b.raw_store(), 300 + a.raw_reps * a.followers / 50)
-        http = await b.start_node(b.ns_b, "B", {"IM_FEED_PUSH_MAX": str(a.pull_max)})
+        http = await b.start_node(b.ns_b, "B", feed_push_max=a.pull_max)
         su = res["pull_setup"] = await b.phase("pull setup", b.pull_setup(http),
                                                900 + a.authors * a.author_posts)
         res["read_pulled"] = await b.phase("timeline reads 3b", b.reads(
@@ -482,14 +471,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    cli.note_invocation(args, argv)
-    common.OUT_DIR.mkdir(parents=True, exist_ok=True)
-    try:
-        res = common.run_loop(run(args))
-    except KeyboardInterrupt:  # nodes stopped and namespaces cleaned on the way out
+    res = cli.execute(parse_args(argv), argv, run, "feed")
+    if res is None:
         return 130
-    res["json"] = str(common.write_json(res, args.stamp, "feed"))
     print(render(res))
     return 1 if "error" in res else 0
 

@@ -46,32 +46,39 @@ import os
 import sys
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 
 from bench import cli, common
 from bench.cluster import Run
 from bench.group_support import (
-    Device,
-    Http,
     Probe,
     Pushes,
     check_ack,
     conv_rows,
     cost_rows,
     cpu_ms,
+    create_group,
     delta,
     detail_rows,
     flatness,
+    group_send,
     idle_rates,
     ms,
     naive_hincrby,
+    open_device,
     per_msg_costs,
+    send,
     send_twice,
+    timed_get,
+    unexpected,
 )
-from bench.report import fmt, header_lines, md_table
+from bench.report import fmt, header_lines, md_table, node_lines
 from gateway.config import Settings
+from testkit.device import Device
+from testkit.http import HttpUsers
+from testkit.namespace import drop_namespace
+from testkit.nodes import NodeProcess
 
 TEXT = "hello from the group benchmark, a short line of text"
 CONV_WARMUP = 5
@@ -84,27 +91,29 @@ def log(msg: str) -> None:
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.run = Run(args)
+        self.run = Run(args, "group")
         self.ns = self.run.namespace("")
         self.naive_prefix = self.run.base + "nv"
-        self.node: common.NodeProcess | None = None
-        self.http: Http | None = None
+        self.node: NodeProcess | None = None
+        self.http: HttpUsers | None = None
         self.probe = Probe(args.redis_url, args.mongo_url, self.ns)
         self.names = {os.getpid(): "load generator (this process)"}
 
     async def start(self) -> None:
-        a = self.args
-        env = {**common.node_env(a, self.ns, self.run.secret), "IM_AMQP_URL": a.amqp_url,
-               "IM_GROUP_WRITE_DIFFUSION_MAX": str(a.wd_max)}
-        self.node = common.NodeProcess(env, common.OUT_DIR / f"group-{a.stamp}.log")
-        await self.node.start()
+        self.node = (await self.run.start_nodes(self.ns, 1, "node",
+                                                group_write_diffusion_max=self.args.wd_max))[0]
         self.names[self.node.pid] = "gateway node"
-        self.http = Http(self.node.http_url, self.run.secret)
+        self.http = HttpUsers(self.node.http_url, self.run.secret)
 
     async def devices(self, users: list[str]) -> list[Device]:
         assert self.node is not None
-        return list(await asyncio.gather(*(Device.open(self.node.ws_url, self.run.secret, u)
+        return list(await asyncio.gather(*(open_device(self.node.ws_url, self.run.secret, u)
                                            for u in users)))
+
+    async def drop_naive(self) -> Any:
+        a = self.args
+        return (await drop_namespace(self.naive_prefix, redis_url=a.redis_url,
+                                     mongo_url=a.mongo_url))["redis_keys"]
 
     # -- 1. cost per message -------------------------------------------------------
     async def size_phase(self, size: int) -> dict[str, Any]:
@@ -113,21 +122,21 @@ class Bench:
         owner, members = f"o{size}", [f"m{size}-{i}" for i in range(size - 1)]
         mode = "write" if size <= a.wd_max else "read"
         t = time.perf_counter()
-        group = await http.create_group(owner, f"bench {size}", members)
+        group = await create_group(http, owner, f"bench {size}", members)
         setup_s = time.perf_counter() - t
         sender, *listeners = await self.devices([owner, *members[:a.listeners]])
         try:
             return await self._measure(size, mode, group, setup_s, sender, listeners, members)
         finally:
             await asyncio.gather(*(d.close() for d in (sender, *listeners)))
-            await common.delete_redis_keys(a.redis_url, self.naive_prefix)
+            await self.drop_naive()
 
     async def _measure(self, size: int, mode: str, group: str, setup_s: float, sender: Device,
                        listeners: list[Device], members: list[str]) -> dict[str, Any]:
         first: float | None = None
         for i in range(self.args.warmup_msgs):
             t = time.perf_counter()
-            check_ack(await sender.group_send(group, f"w{i}", TEXT), "warm-up send")
+            check_ack(await group_send(sender, group, f"w{i}", TEXT), "warm-up send")
             first = first or time.perf_counter() - t
         await asyncio.sleep(0.3)  # the warm-up's pushes
         tries = await self.quietest(lambda k: self._attempt(k, group, sender, listeners))
@@ -151,7 +160,7 @@ class Bench:
                        ) -> dict[str, Any]:
         n = self.args.messages
         for d in listeners:
-            d.pushes = Pushes(counting=True)
+            d.on_push = Pushes(counting=True)
         docs0 = await self.probe.docs()
         cpu0, c0 = common.cpu_snapshot(), await self.probe.counters()
         lat: list[float] = []
@@ -159,7 +168,7 @@ class Bench:
         seqs: list[int] = []
         for i in range(n):
             t = time.perf_counter()
-            reply = await sender.group_send(group, f"a{k}m{i}", TEXT)
+            reply = await group_send(sender, group, f"a{k}m{i}", TEXT)
             if reply.get("op") == "ack":
                 lat.append(time.perf_counter() - t)
                 seqs.append(int(reply["seq"]))
@@ -168,8 +177,9 @@ class Bench:
         c1, cpu1 = await self.probe.counters(), common.cpu_snapshot()
         docs1 = await self.probe.docs()
         await asyncio.sleep(0.5)  # pushes still on their way
-        for d in listeners:
-            d.pushes.counting = False
+        pushes: list[Pushes] = [d.on_push for d in listeners]  # type: ignore[misc]
+        for p in pushes:
+            p.counting = False
         window = delta(c0, c1)
         idle = await idle_rates(self.probe, min(window["seconds"], self.args.idle_max))
         res = {"messages": n, "acked": len(lat), "errors": errors,
@@ -182,12 +192,12 @@ class Bench:
                "foreign_clients": await self.foreign(time.perf_counter() - c0.wall)}
         res["mongo_docs_per_msg"] = (res["docs_per_msg"]["group_msgs"]
                                      + res["docs_per_msg"]["boxes"])
-        push_lat = [x for d in listeners for x in d.pushes.latency]
+        push_lat = [x for p in pushes for x in p.latency]
         res["pushes"] = {"listeners": len(listeners), "expected": n * len(listeners),
-                         "received": sum(d.pushes.count for d in listeners),
+                         "received": sum(p.count for p in pushes),
                          "latency": common.latency_summary(push_lat),
                          "unexpected_frames": {k: v for d in (sender, *listeners)
-                                               for k, v in d.other.items()}}
+                                               for k, v in unexpected(d).items()}}
         return res
 
     async def foreign(self, seconds: float) -> list[str]:
@@ -215,8 +225,8 @@ class Bench:
 
         async def make(i: int) -> tuple[int, str]:
             async with sem:
-                return i, await http.create_group(f"cvh{i % helpers}", f"cv {i}",
-                                                  [main, f"cvx{i % helpers}"])
+                return i, await create_group(http, f"cvh{i % helpers}", f"cv {i}",
+                                             [main, f"cvx{i % helpers}"])
 
         groups = await asyncio.gather(*(make(i) for i in range(a.groups)))
         senders = await self.devices([f"cvh{j}" for j in range(helpers)])
@@ -225,7 +235,7 @@ class Bench:
             await asyncio.gather(*(send_twice(d, [g for i, g in groups if i % helpers == j], TEXT)
                                    for j, d in enumerate(senders)))
             for k in range(2):
-                for r in await asyncio.gather(*(p.send(base, f"b{k}", TEXT) for p in peers)):
+                for r in await asyncio.gather(*(send(p, base, f"b{k}", TEXT) for p in peers)):
                     check_ack(r, "1:1 send")
         finally:
             await asyncio.gather(*(d.close() for d in (*senders, *peers)))
@@ -240,10 +250,10 @@ class Bench:
                           idle: dict[str, Any]) -> dict[str, Any]:
         assert self.http is not None
         c0 = await self.probe.counters()
-        cold, _ = await self.http.get(user, "/v1/conversations")
+        cold, _ = await timed_get(self.http, user, "/v1/conversations")
         first = delta(c0, await self.probe.counters())
         for _ in range(CONV_WARMUP - 1):
-            await self.http.get(user, "/v1/conversations")
+            await timed_get(self.http, user, "/v1/conversations")
         best = await self.quietest(lambda _k: self._conv_attempt(user, expected, idle))
         return {"user": user, "groups": groups, "one_to_one": convs,
                 "cold_ms": round(cold * 1000, 2), "cold_mongo": first["mongo"],
@@ -259,7 +269,7 @@ class Bench:
         wrong: list[int] = []
         rows = 0
         for _ in range(n):
-            took, body = await self.http.get(user, "/v1/conversations")
+            took, body = await timed_get(self.http, user, "/v1/conversations")
             lat.append(took)
             sizes.append(len(body))
             doc = orjson.loads(body)
@@ -282,13 +292,10 @@ class Bench:
 
     async def close(self) -> dict[str, Any]:
         if self.http is not None:
-            await self.http.close()
+            await self.http.aclose()
         if self.node is not None:
             await self.run.stop_nodes([self.node])
-        try:
-            naive = await common.delete_redis_keys(self.args.redis_url, self.naive_prefix)
-        except Exception as exc:  # noqa: BLE001 - reported
-            naive = f"failed: {exc!r}"
+        naive = await self.drop_naive()
         await self.probe.close()
         return {**await self.run.cleanup(), "naive_prefix_keys": naive}
 
@@ -328,12 +335,7 @@ def render(res: dict[str, Any]) -> str:
                        "mean ms", "Redis cmds/call", "node CPU ms/call", "total_unread ok",
                        "Redis quiet"],
                       conv_rows(conv))
-    lines += ["## Node", ""]
-    for n in res.get("nodes", []):
-        lf = n["log_findings"]
-        lines.append(f"- exit code {n['exit_code']}, log `{n['log']}`: {lf['warnings']} "
-                     f"warnings, {lf['errors']} errors, {lf.get('tracebacks', 0)} tracebacks")
-        lines += [f"  - {t['count']} x {t['line']}" for t in lf["top"]]
+    lines += ["## Node", ""] + node_lines(res.get("nodes", []))
     return "\n".join(lines + [f"- cleanup: {res.get('cleanup')}", "",
                               f"Results: `{res['json']}`"])
 
@@ -359,15 +361,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    f"{Settings.group_write_diffusion_max})")
     p.add_argument("--quick", action="store_true",
                    help="sizes 10 200 1000, 30 messages, 50 groups, 30 calls")
-    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    p.add_argument("--amqp-url", default=common.DEFAULT_AMQP_URL)
+    cli.add_store_urls(p)
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.messages, args.groups, args.repeat = [10, 200, 1000], 30, 50, 30
-    for url in (args.mongo_url, args.redis_url, args.amqp_url):
-        if urlsplit(url).hostname not in cli.LOOPBACK:
-            p.error(f"{url}: only 127.0.0.1 is allowed")
+    cli.check_loopback(p, [args.mongo_url, args.redis_url, args.amqp_url])
     if min(args.sizes) < 2 or max(args.sizes) > Settings.group_max_members or min(
             args.messages, args.repeat, args.groups, args.peers, args.attempts) < 1 or min(
             args.listeners, args.warmup_msgs, args.wd_max) < 0 or args.idle_max <= 0:
@@ -415,14 +413,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    cli.note_invocation(args, argv)
-    common.OUT_DIR.mkdir(parents=True, exist_ok=True)
-    try:
-        res = common.run_loop(run(args))
-    except KeyboardInterrupt:  # the node was stopped and the namespace cleaned on the way out
+    res = cli.execute(parse_args(argv), argv, run, "group")
+    if res is None:
         return 130
-    res["json"] = str(common.write_json(res, args.stamp, "group"))
     print(render(res))
     failed = any("error" in r for r in res["sizes"]) or "error" in res.get("conversations", {})
     return 1 if failed else 0

@@ -1,5 +1,5 @@
-"""Parts of ``bench.group_bench``: a small WebSocket client that matches replies
-by ``re`` and counts ``group_msg`` pushes; the HTTP calls (one bearer token per
+"""Parts of ``bench.group_bench``: devices (``testkit.device``) that count
+``group_msg`` pushes; the HTTP calls (``testkit.http``: one bearer token per
 user); the store counters read around a measured window (Redis ``INFO
 commandstats``, SecantusDB ``top`` of the namespace's database, document counts
 of its collections, Redis clients of other processes), idle background
@@ -18,16 +18,14 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-import httpx
-import orjson
 import redis.asyncio as aioredis
 from pymongo import AsyncMongoClient
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
 
 from bench import common
 from bench.report import fmt
-from gateway.auth import issue_token
+from testkit.device import Device
+from testkit.http import HttpError, HttpUsers
+from testkit.tokens import issue_token
 
 CHUNK = 1000  # members per create / add call (the API's limit)
 COLLECTIONS = ("group_msgs", "boxes", "groups", "group_members")
@@ -37,73 +35,40 @@ REPLY_TIMEOUT_S = 30.0
 # -- WebSocket ---------------------------------------------------------------------
 @dataclass
 class Pushes:
-    """``group_msg`` pushes one device received while ``counting`` (latency from body.t)."""
+    """A device's push handler: ``group_msg`` pushes received while ``counting``
+    (latency from body.t)."""
 
     counting: bool = False
     count: int = 0
     latency: list[float] = field(default_factory=list)
 
+    def __call__(self, f: dict[str, Any]) -> None:
+        if f.get("op") == "group_msg" and self.counting:
+            self.count += 1
+            t = (f.get("body") or {}).get("t")
+            if isinstance(t, float):
+                self.latency.append(time.perf_counter() - t)
 
-class Device:
-    """One WebSocket of ``user``: ``request`` sends a frame and awaits its reply."""
 
-    def __init__(self, ws: ClientConnection, user: str) -> None:
-        self.ws, self.user = ws, user
-        self.pushes = Pushes()
-        self.other: dict[str, int] = {}  # unexpected frames (op[:code] -> count)
-        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._rid = 0
-        self._reader = asyncio.create_task(self._read())
+async def open_device(ws_url: str, secret: str, user: str) -> Device:
+    """A device of ``user`` counting its pushes into ``device.on_push`` (a ``Pushes``)."""
+    return await Device.open(ws_url, issue_token(secret, user), on_push=Pushes(),
+                             open_timeout=15, max_size=1 << 22)
 
-    @classmethod
-    async def open(cls, ws_url: str, secret: str, user: str) -> Device:
-        token = issue_token(secret, user, 3600)
-        ws = await connect(f"{ws_url}?token={token}", compression=None, proxy=None,
-                           ping_interval=None, open_timeout=15, close_timeout=2,
-                           max_size=1 << 22)
-        return cls(ws, user)
 
-    async def _read(self) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            async for data in self.ws:
-                f = orjson.loads(data)
-                fut = self._waiting.pop(f.get("re"), None) if "re" in f else None
-                if fut is not None and not fut.done():
-                    fut.set_result(f)
-                elif f.get("op") == "group_msg":
-                    if self.pushes.counting:
-                        self.pushes.count += 1
-                        t = (f.get("body") or {}).get("t")
-                        if isinstance(t, float):
-                            self.pushes.latency.append(time.perf_counter() - t)
-                else:
-                    key = f"{f.get('op')}:{f.get('code')}" if f.get("op") == "error" else str(
-                        f.get("op"))
-                    self.other[key] = self.other.get(key, 0) + 1
+def unexpected(dev: Device) -> dict[str, int]:
+    """Pushes other than ``group_msg`` (op -> count)."""
+    return {op: n for op, n in dev.counts.items() if op != "group_msg"}
 
-    async def request(self, frame: dict[str, Any]) -> dict[str, Any]:
-        self._rid += 1
-        frame["id"] = self._rid
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._waiting[self._rid] = fut
-        await self.ws.send(orjson.dumps(frame).decode())
-        try:
-            return await asyncio.wait_for(fut, REPLY_TIMEOUT_S)
-        finally:
-            self._waiting.pop(frame["id"], None)
 
-    async def group_send(self, group: str, cmid: str, text: str) -> dict[str, Any]:
-        return await self.request({"op": "group_send", "group": group, "cmid": cmid,
-                                   "body": {"t": time.perf_counter(), "text": text}})
+async def group_send(dev: Device, group: str, cmid: str, text: str) -> dict[str, Any]:
+    return await dev.request("group_send", REPLY_TIMEOUT_S, group=group, cmid=cmid,
+                             body={"t": time.perf_counter(), "text": text})
 
-    async def send(self, to: str, cmid: str, text: str) -> dict[str, Any]:
-        return await self.request({"op": "send", "to": to, "cmid": cmid,
-                                   "body": {"t": time.perf_counter(), "text": text}})
 
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.ws.close()
-        self._reader.cancel()
+async def send(dev: Device, to: str, cmid: str, text: str) -> dict[str, Any]:
+    return await dev.request("send", REPLY_TIMEOUT_S, to=to, cmid=cmid,
+                             body={"t": time.perf_counter(), "text": text})
 
 
 async def send_twice(dev: Device, groups: list[str], text: str) -> None:
@@ -112,7 +77,7 @@ async def send_twice(dev: Device, groups: list[str], text: str) -> None:
 
     async def one(g: str, k: int) -> None:
         async with sem:
-            check_ack(await dev.group_send(g, f"{g}-{k}", text), "group send")
+            check_ack(await group_send(dev, g, f"{g}-{k}", text), "group send")
 
     await asyncio.gather(*(one(g, k) for g in groups for k in range(2)))
 
@@ -124,47 +89,25 @@ def check_ack(reply: dict[str, Any], what: str) -> dict[str, Any]:
 
 
 # -- HTTP --------------------------------------------------------------------------------
-class Http:
-    """The node's HTTP API as any user (tokens issued here, cached)."""
+async def timed_get(http: HttpUsers, user: str, path: str) -> tuple[float, bytes]:
+    """(seconds, body) of one GET; raises unless 200."""
+    t = time.perf_counter()
+    r = await http[user].get(path)
+    took = time.perf_counter() - t
+    if r.status_code != 200:
+        raise HttpError(r)
+    return took, r.content
 
-    def __init__(self, base_url: str, secret: str) -> None:
-        self.secret = secret
-        self.client = httpx.AsyncClient(base_url=base_url, timeout=60, trust_env=False)
-        self._tokens: dict[str, str] = {}
 
-    def _auth(self, user: str) -> dict[str, str]:
-        if user not in self._tokens:
-            self._tokens[user] = issue_token(self.secret, user, 3600)
-        return {"Authorization": f"Bearer {self._tokens[user]}"}
-
-    async def post(self, user: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        r = await self.client.post(path, content=orjson.dumps(body),
-                                   headers={**self._auth(user),
-                                            "Content-Type": "application/json"})
-        if r.status_code != 200:
-            raise RuntimeError(f"POST {path} as {user}: {r.status_code} {r.text[:300]}")
-        return orjson.loads(r.content)
-
-    async def get(self, user: str, path: str) -> tuple[float, bytes]:
-        """(seconds, body) of one GET; raises unless 200."""
-        t = time.perf_counter()
-        r = await self.client.get(path, headers=self._auth(user))
-        took = time.perf_counter() - t
-        if r.status_code != 200:
-            raise RuntimeError(f"GET {path} as {user}: {r.status_code} {r.text[:300]}")
-        return took, r.content
-
-    async def create_group(self, owner: str, name: str, members: list[str]) -> str:
-        """A group of ``owner`` + ``members``: one create, then adds of <= CHUNK."""
-        first, rest = members[:CHUNK - 1], members[CHUNK - 1:]
-        group = (await self.post(owner, "/v1/groups", {"name": name, "members": first}))["group"]
-        for i in range(0, len(rest), CHUNK):
-            await self.post(owner, f"/v1/groups/{group}/members",
-                            {"members": rest[i:i + CHUNK]})
-        return str(group)
-
-    async def close(self) -> None:
-        await self.client.aclose()
+async def create_group(http: HttpUsers, owner: str, name: str, members: list[str]) -> str:
+    """A group of ``owner`` + ``members``: one create, then adds of <= CHUNK."""
+    first, rest = members[:CHUNK - 1], members[CHUNK - 1:]
+    group = (await http[owner].ok("POST", "/v1/groups",
+                                  json={"name": name, "members": first}))["group"]
+    for i in range(0, len(rest), CHUNK):
+        await http[owner].ok("POST", f"/v1/groups/{group}/members",
+                             json={"members": rest[i:i + CHUNK]})
+    return str(group)
 
 
 # -- store counters ----------------------------------------------------------------------

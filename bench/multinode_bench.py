@@ -78,7 +78,7 @@ from bench import cli, common
 from bench.cluster import NODES, Run
 from bench.failover import failover_lines, failover_phase
 from bench.load import Load, closed_loop, measure_window, open_load, stop_pumps, summarise
-from bench.report import fmt, header_lines, load_section, md_table
+from bench.report import fmt, header_lines, load_section, md_table, node_lines
 from testkit.nodes import NodeProcess
 
 TARGET_RATIO = 0.8
@@ -185,18 +185,6 @@ def _ratio_lines(res: dict[str, Any]) -> list[str]:
                f"(acks {fmt(rt['acks'])}, deliveries {fmt(rt['deliveries'])}).", ""])
 
 
-def _node_log_lines(nodes: list[dict[str, Any]]) -> list[str]:
-    rows = []
-    for n in nodes:
-        lf = n["log_findings"]
-        top = "; ".join(f"{t['count']}x {t['line'][:90]}" for t in lf["top"][:3]) or "-"
-        rows.append([n["name"] or "?", n["exit_code"], lf["warnings"], lf["errors"],
-                     lf["tracebacks"], top])
-    return (["## Node logs", ""]
-            + md_table(["node", "exit code", "warnings", "errors", "tracebacks",
-                        "most frequent"], rows))
-
-
 def render(res: dict[str, Any]) -> str:
     s = res["settings"]
     lines = header_lines("Multi-node benchmark", res, "; every node, the load generator, "
@@ -225,7 +213,7 @@ def render(res: dict[str, Any]) -> str:
     if f is not None:
         lines += (failover_lines(f) if "error" not in f else
                   ["## 3. Failover", "", f"**failed**: {f['error']}", ""])
-    lines += _node_log_lines(res["nodes"])
+    lines += ["## Node logs", ""] + node_lines(res["nodes"]) + [""]
     bad = {ns: d for ns, d in res["cleanup"].items()
            if any(isinstance(v, str) for v in d.values())}
     lines += [f"Cleanup: {'done' if not bad else bad}", "", f"Results: `{res['json']}`"]
@@ -252,9 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="phase 3: py-spy a surviving node for 4 s from the kill")
     p.add_argument("--skip-saturation", action="store_true", help="phase 3 only")
     p.add_argument("--skip-failover", action="store_true", help="phases 1 and 2 only")
-    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    p.add_argument("--amqp-url", default=common.DEFAULT_AMQP_URL)
+    cli.add_store_urls(p)
     args = p.parse_args(argv)
     cli.check_load_args(p, args, [args.mongo_url, args.redis_url, args.amqp_url])
     if args.failover_clients < 2 * NODES or args.failover_interval <= 0:
@@ -295,10 +281,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    cli.note_invocation(args, argv)
-    res = common.run_loop(run(args))
-    res["json"] = str(common.write_json(res, args.stamp, "multinode"))
+    res = cli.execute(parse_args(argv), argv, run, "multinode")
+    if res is None:
+        return 130
     print(render(res))
     failed = any("error" in res.get(k, {}) for k in ("one_node", "three_nodes", "failover"))
     return 1 if failed else 0

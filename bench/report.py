@@ -1,6 +1,7 @@
 """Markdown for the benchmark reports: table cells and tables, the header every
-report starts with, and the sections both benchmarks print for a load phase
-(rates, latencies, CPU, the node's counters) and for a py-spy profile.
+report starts with, the sections both chat benchmarks print for a load phase
+(rates, latencies, CPU, the node's counters) and for a py-spy profile, and one
+line per node on what its log said.
 """
 
 from __future__ import annotations
@@ -85,3 +86,19 @@ def profile_section(prof: dict[str, Any] | None) -> list[str]:
     rows = [[s["pct"], s["fn"], i["pct"], i["fn"]]
             for s, i in zip(prof["self"], prof["inclusive"], strict=False)]
     return lines + md_table(["self %", "function", "incl %", "function"], rows)
+
+
+def node_lines(nodes: list[dict[str, Any]], trouble_only: bool = False) -> list[str]:
+    """One line per node of ``cluster.Run.nodes``: exit code, what its log warned of
+    (the three most frequent lines) and where the log is."""
+    out = []
+    for n in nodes:
+        lf = n["log_findings"]
+        if trouble_only and not (lf["warnings"] or lf["errors"] or lf["tracebacks"]
+                                 or n["exit_code"]):
+            continue
+        top = "".join(f"; {t['count']}x {t['line'][:120]}" for t in lf["top"][:3])
+        out.append(f"- node {n['name'] or '?'} exit {n['exit_code']}: {lf['warnings']} "
+                   f"warnings, {lf['errors']} errors, {lf['tracebacks']} tracebacks{top} "
+                   f"(`{n['log']}`)")
+    return out

@@ -1,8 +1,10 @@
-"""The two baseline room servers of ``bench.room_bench``, one per process::
+"""The baseline servers of ``bench.room_bench`` and ``bench.conn_memory``, one per
+process::
 
     python -m bench.room_baselines ws            # bare websockets + broadcast()
     python -m bench.room_baselines sio-aiohttp   # python-socketio on aiohttp
     python -m bench.room_baselines sio-asgi      # python-socketio ASGI app on uvicorn
+    python -m bench.room_baselines idle          # bare websockets, idle connections
 
 Each listens on a free port of 127.0.0.1, prints ``READY <url>`` on stdout, and
 runs on uvloop until SIGTERM/SIGINT, EOF on stdin, or ``--max-seconds``.
@@ -24,6 +26,10 @@ runs on uvloop until SIGTERM/SIGINT, EOF on stdin, or ``--max-seconds``.
   aiohttp: ``web.AppRunner`` + ``TCPSite``, access log off. ASGI: uvicorn
   ``Server.serve`` with its default websocket implementation, per-message-deflate
   off, access log off.
+- ``idle``: ``websockets.asyncio.server.serve`` with compression off and its
+  default keepalive (ping every 20 s); the handler only awaits
+  ``wait_closed()``: what an idle connection costs websockets and asyncio
+  alone (the node adds its own per-connection state on top).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-MODES = ("ws", "sio-aiohttp", "sio-asgi")
+MODES = ("ws", "sio-aiohttp", "sio-asgi", "idle")
 
 
 def ready(url: str) -> None:
@@ -86,6 +92,17 @@ async def run_ws(stop: asyncio.Event) -> None:
     async with serve(handler, "127.0.0.1", 0, compression=None, max_size=1 << 20) as server:
         port = next(iter(server.sockets)).getsockname()[1]
         ready(f"ws://127.0.0.1:{port}/")
+        await stop.wait()
+
+
+async def run_idle(stop: asyncio.Event) -> None:
+    from websockets.asyncio.server import ServerConnection, serve
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.wait_closed()
+
+    async with serve(handler, "127.0.0.1", 0, compression=None) as server:
+        ready(f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/ws")
         await stop.wait()
 
 
@@ -181,11 +198,11 @@ def main() -> None:
     p.add_argument("mode", choices=MODES)
     p.add_argument("--max-seconds", type=float, default=3600)
     args = p.parse_args()
-    from bench.common import run_loop
-    from bench.room_client import raise_nofile
+    from bench.common import raise_fd_limit, run_loop
 
-    raise_nofile()
-    run = {"ws": run_ws, "sio-aiohttp": run_sio_aiohttp, "sio-asgi": run_sio_asgi}[args.mode]
+    raise_fd_limit()
+    run = {"ws": run_ws, "sio-aiohttp": run_sio_aiohttp, "sio-asgi": run_sio_asgi,
+           "idle": run_idle}[args.mode]
     run_loop(serve_until_stopped(run, args.max_seconds))
 
 

@@ -28,26 +28,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
-
-import orjson
 
 from bench import cli, common
 from bench import room_client as rc
 from bench.cluster import Run
-from bench.report import fmt, header_lines, md_table
+from bench.report import fmt, header_lines, md_table, node_lines
+from testkit.nodes import NodeProcess
 
-_VENV = common.REPO / ".venv" / "bin" / "python"
-PYTHON = str(_VENV) if _VENV.exists() else sys.executable
 TARGETS = {"vs_sio": 10.0, "vs_ws": 2.0, "paced_p99_ms": 100.0, "three_vs_one": 2.0}
 
 
@@ -57,90 +51,43 @@ class Server:
     label: str
     urls: list[str] = field(default_factory=list)
     pids: dict[int, str] = field(default_factory=dict)
-    nodes: list[common.NodeProcess] = field(default_factory=list)
-    proc: asyncio.subprocess.Process | None = None
-
-
-async def stop_proc(proc: asyncio.subprocess.Process, grace: float = 10) -> None:
-    """SIGTERM, SIGKILL after ``grace`` s."""
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), grace)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-
-
-class ClientProc:
-    """One ``bench.room_client`` process: JSON lines over its stdin / stdout."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc, self.sampled = proc, 0
-
-    async def ask(self, cmd: dict[str, Any] | None, timeout: float = 30) -> dict[str, Any]:
-        """Send ``cmd`` (unless None) and read the answer line."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        if cmd is not None:
-            self.proc.stdin.write(orjson.dumps(cmd) + b"\n")
-            await self.proc.stdin.drain()
-        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
-        if not line:
-            raise RuntimeError(f"subscriber process {self.proc.pid} exited")
-        return orjson.loads(line)
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(Exception):
-                await self.ask({"cmd": "quit"}, 5)
-        await stop_proc(self.proc)
+    nodes: list[NodeProcess] = field(default_factory=list)
+    proc: common.Child | None = None
+    sampled: int = 0  # subscribers that report latency
 
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.run = Run(args)  # namespaces, node exit codes and log findings, cleanup
+        self.run = Run(args, "room")  # namespaces, node exit codes and log findings, cleanup
         self.logs: list[dict[str, Any]] = []  # of the baseline and client processes
 
     def log_path(self, label: str) -> Path:
         return common.OUT_DIR / f"room-{self.args.stamp}-{label}.log"
 
-    async def spawn(self, label: str, *argv: str, **env: str) -> asyncio.subprocess.Process:
-        """``python -m <argv>`` with pipes for stdin / stdout, stderr to its log."""
-        with open(self.log_path(label), "ab") as err:
-            return await asyncio.create_subprocess_exec(
-                PYTHON, "-m", *argv, "--max-seconds", str(int(self.args.max_child_s)),
-                cwd=common.REPO, env={**os.environ, **env}, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=err)
+    async def spawn(self, label: str, *argv: str, **env: str) -> common.Child:
+        """``python -m <argv>``, stopped by itself after the run's longest possible time."""
+        return await common.Child.spawn(self.log_path(label), *argv, "--max-seconds",
+                                        str(int(self.args.max_child_s)), **env)
 
     # -- servers --------------------------------------------------------------------------
     async def start_ours(self, label: str, n: int, cap: str | None) -> Server:
-        a, ns = self.args, self.run.namespace(label.replace("-", "")[:12])
-        env = {**common.node_env(a, ns, self.run.secret), "IM_AMQP_URL": a.amqp_url,
-               "IM_ROOM_SEND_RATE": "1000000", "IM_ROOM_SEND_BURST": "1000000",
-               **({"IM_ROOM_RATE_CAP": cap} if cap is not None else {})}
+        ns = self.run.namespace(label.replace("-", "")[:12])
         server = Server("ours", label)
-        try:
-            for i in range(n):
-                server.nodes.append(common.NodeProcess(env, self.log_path(f"{label}-node{i}")))
-                await server.nodes[-1].start()
-                server.urls.append(server.nodes[-1].ws_url)
-                server.pids[server.nodes[-1].pid] = f"node {i} ({label})"
-        except BaseException:
-            await self.stop_server(server)
-            raise
+        server.nodes = await self.run.start_nodes(
+            ns, n, label, room_send_rate=1_000_000, room_send_burst=1_000_000,
+            **({"room_rate_cap": cap} if cap is not None else {}))
+        server.urls = [x.ws_url for x in server.nodes]
+        server.pids = {x.pid: f"node {i} ({label})" for i, x in enumerate(server.nodes)}
         return server
 
     async def start_baseline(self, label: str, mode: str) -> Server:
         proc = await self.spawn(label, "bench.room_baselines", mode)
         server = Server(mode[:3], label, pids={proc.pid: f"{label} server"}, proc=proc)
         try:
-            assert proc.stdout is not None
-            line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+            line = (await proc.readline()).decode()
             if not line.startswith("READY "):
-                raise RuntimeError(f"{mode} server did not start: {self.tail(label)}")
+                raise RuntimeError(f"{mode} server did not start: {proc.tail()}")
             server.urls.append(line.split()[1])
         except BaseException:
             await self.stop_server(server)
@@ -149,45 +96,39 @@ class Bench:
 
     async def stop_server(self, server: Server) -> None:
         if server.proc is not None:
-            if server.proc.stdin is not None:
-                server.proc.stdin.close()  # EOF: the baseline stops
-            await stop_proc(server.proc)
-            self.logs.append({"what": f"{server.label} server", "exit_code":
-                              server.proc.returncode, "stderr": self.tail(server.label)})
+            code = await server.proc.stop()  # EOF: the baseline stops
+            self.logs.append({"what": f"{server.label} server", "exit_code": code,
+                              "stderr": server.proc.tail()})
         await self.run.stop_nodes(server.nodes)
 
-    def tail(self, label: str) -> str:
-        path = self.log_path(label)
-        return path.read_text(errors="replace")[-600:] if path.exists() else ""
-
     # -- subscribers ------------------------------------------------------------------------
-    async def start_clients(self, server: Server, total: int) -> list[ClientProc]:
+    async def start_clients(self, server: Server, total: int) -> list[common.Child]:
         a, procs = self.args, []
         per = math.ceil(total / a.client_procs)
         try:
             for i, first in enumerate(range(0, total, per)):
-                proc = await self.spawn(
+                procs.append(await self.spawn(
                     f"{server.label}-client{i}", "bench.room_client", "--kind", server.kind,
                     "--urls", ",".join(server.urls), "--first", str(first), "--count",
                     str(min(per, total - first)), "--tag", server.label.replace("-", ""),
-                    "--sample-every", str(a.sample_every), ROOM_BENCH_SECRET=self.run.secret)
-                procs.append(ClientProc(proc))
-                server.pids[proc.pid] = f"subscribers {i} ({server.label})"
+                    "--sample-every", str(a.sample_every), ROOM_BENCH_SECRET=self.run.secret))
+                server.pids[procs[-1].pid] = f"subscribers {i} ({server.label})"
             for c in procs:
                 ready = await c.ask(None, 60 + total / 20)
                 if ready.get("ev") != "ready":
                     raise RuntimeError(f"subscribers failed: {ready}")
-                c.sampled = ready["sampled"]
+                server.sampled += ready["sampled"]
         except BaseException:
             await self.stop_clients(server, procs)
             raise
         return procs
 
-    async def stop_clients(self, server: Server, procs: list[ClientProc]) -> None:
-        await asyncio.gather(*(c.stop() for c in procs), return_exceptions=True)
-        for i, c in enumerate(procs):
-            self.logs.append({"what": f"{server.label} subscribers {i}", "exit_code":
-                              c.proc.returncode, "stderr": self.tail(f"{server.label}-client{i}")})
+    async def stop_clients(self, server: Server, procs: list[common.Child]) -> None:
+        codes = await asyncio.gather(*(c.stop({"cmd": "quit"}) for c in procs),
+                                     return_exceptions=True)
+        for i, (c, code) in enumerate(zip(procs, codes, strict=True)):
+            self.logs.append({"what": f"{server.label} subscribers {i}", "exit_code": code,
+                              "stderr": c.tail()})
 
     # -- one phase ----------------------------------------------------------------------------
     async def phase(self, label: str, mode: str, start: Any) -> dict[str, Any]:
@@ -210,7 +151,7 @@ class Bench:
         return {"server": label, "kind": server.kind, "mode": mode, "nodes": len(server.urls),
                 "subscribers": subs, **r}
 
-    async def measure(self, server: Server, clients: list[ClientProc], pub: rc.Publisher,
+    async def measure(self, server: Server, clients: list[common.Child], pub: rc.Publisher,
                       mode: str, subs: int) -> dict[str, Any]:
         a = self.args
         marker = f"~{os.urandom(4).hex()}~"
@@ -240,14 +181,14 @@ class Bench:
         cpu = common.cpu_report(before, after, names, top=8)
         stats, drain_s = await self.drain(clients, pub, subs)
         win, received = after.wall - before.wall, sum(s["total"] for s in stats)
-        hist = rc.merge_counts([{int(k): v for k, v in s["hist"].items()} for s in stats])
+        hist = common.merge_counts([{int(k): v for k, v in s["hist"].items()} for s in stats])
         dlv, frames = sum(s["win"] for s in stats), sum(s["frames_win"] for s in stats)
         return {
             "seconds": round(win, 3), "published_per_s": round(pub.sent_win / win, 1),
             "deliveries_per_s": round(dlv / win, 1), "frames_per_s": round(frames / win, 1),
             "msgs_per_frame": round(dlv / frames, 2) if frames else None,
             "latency": rc.hist_summary(hist, max(s["lat_max"] for s in stats)),
-            "latency_sample": f"{sum(c.sampled for c in clients)} of {subs} subscribers",
+            "latency_sample": f"{server.sampled} of {subs} subscribers",
             "sent": pub.sent, "acked": pub.acked, "unacked": len(pub.inflight),
             "errors": dict(pub.errors), "publisher_echo": pub.echo, "publisher_stuck": not done,
             "expected": pub.acked * subs, "received": received,
@@ -256,13 +197,13 @@ class Bench:
                                    max(s["got_max"] for s in stats)],
             "short_sockets": sum(s["short"] for s in stats),
             "closed_sockets": sum(s["closed"] for s in stats),
-            "client_other": rc.merge_counts([s["other"] for s in stats]),
+            "client_other": common.merge_counts([s["other"] for s in stats]),
             "per_node_deliveries_per_s": [round(sum(s["url_win"][i] for s in stats) / win, 1)
                                           for i in range(len(server.urls))],
             "send_lag": common.latency_summary(lags) if lags else None,
             "cpu": cpu, "cores": cores_by_role(cpu, server.pids), "node_counters": counters}
 
-    async def drain(self, clients: list[ClientProc], pub: rc.Publisher,
+    async def drain(self, clients: list[common.Child], pub: rc.Publisher,
                     subs: int) -> tuple[list[dict[str, Any]], float]:
         """Poll the subscribers until every acked message has arrived everywhere, nothing
         moved for 2 s, or ``--drain`` s passed."""
@@ -337,7 +278,7 @@ def notes(res: dict[str, Any]) -> list[str]:
     out = []
     for r in (r for r in res["phases"] if "error" not in r):
         odd = {**r["errors"], **r["client_other"]}
-        node = rc.merge_counts([{k[3:]: v for k, v in c.items() if "dropped" in k
+        node = common.merge_counts([{k[3:]: v for k, v in c.items() if "dropped" in k
                                  or "skipped" in k or "closed" in k} for c in r["node_counters"]])
         if odd or node or r["closed_sockets"] or r["short_sockets"] or r["unacked"] \
                 or r["publisher_stuck"]:
@@ -345,13 +286,7 @@ def notes(res: dict[str, Any]) -> list[str]:
                        f"sockets short of the best-served one {r['short_sockets']}, unacked "
                        f"{r['unacked']}, publisher stuck {r['publisher_stuck']}; errors / "
                        f"client saw {odd or '-'}; node counters {node or '-'}")
-    for n in res["nodes"]:
-        lf = n["log_findings"]
-        if lf["warnings"] or lf["errors"] or lf["tracebacks"] or n["exit_code"]:
-            top = "; ".join(f"{t['count']}x {t['line'][:120]}" for t in lf["top"][:3])
-            out.append(f"- node {n['name']} exit {n['exit_code']}: {lf['warnings']} warnings, "
-                       f"{lf['errors']} errors, {lf['tracebacks']} tracebacks: {top} "
-                       f"(`{n['log']}`)")
+    out += node_lines(res["nodes"], trouble_only=True)
     return out + [f"- {p['what']} exit {p['exit_code']}, stderr: {p['stderr'][-300:]!r}"
                   for p in res["logs"] if p["exit_code"] or p["stderr"].strip()]
 
@@ -415,17 +350,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="python-socketio on aiohttp (default), or its ASGI app on uvicorn")
     p.add_argument("--quick", action="store_true",
                    help="100 subscribers, 3 s phases, 1 s warm-up, 5 s drain")
-    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    p.add_argument("--amqp-url", default=common.DEFAULT_AMQP_URL)
+    cli.add_store_urls(p)
     args = p.parse_args(argv)
     if args.quick:
         args.subscribers, args.seconds, args.warmup, args.drain = 100, 3.0, 1.0, 5.0
     args.paced_seconds = args.paced_seconds or args.seconds
     args.servers = [x for x in args.servers.split(",") if x]
-    for url in (args.mongo_url, args.redis_url, args.amqp_url):
-        if urlsplit(url).hostname not in cli.LOOPBACK:
-            p.error(f"{url}: only 127.0.0.1 is allowed")
+    cli.check_loopback(p, [args.mongo_url, args.redis_url, args.amqp_url])
     if set(args.servers) - {"ours", "ws", "sio"} or min(
             args.subscribers, args.window, args.client_procs, args.sample_every) < 1:
         p.error("--servers is a subset of ours,ws,sio; counts must be >= 1")
@@ -474,15 +405,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    cli.note_invocation(args, argv)
-    rc.raise_nofile()
-    common.OUT_DIR.mkdir(parents=True, exist_ok=True)
-    try:
-        res = common.run_loop(run(args))
-    except KeyboardInterrupt:  # every child was stopped on the way out
+    common.raise_fd_limit()
+    res = cli.execute(parse_args(argv), argv, run, "room")
+    if res is None:
         return 130
-    res["json"] = str(common.write_json(res, args.stamp, "room"))
     print(render(res))
     return 1 if any("error" in r for r in res["phases"]) else 0
 

@@ -1,11 +1,9 @@
-"""The lean room client of ``bench.room_bench``: many subscriber sockets in one
-process, for our node and both baselines; and the publisher the benchmark drives.
+"""The room client of ``bench.room_bench``: many subscriber sockets in one process,
+for our node and both baselines; and the publisher the benchmark drives.
 
-No task per socket: each is an ``asyncio.Protocol`` doing the HTTP upgrade and the
-RFC 6455 framing itself (a server's frames are unmasked: header, length, slice;
-under a microsecond of Python a frame); no extension is offered, so nothing is
-compressed. Each body carries the phase's marker (``"m": "~<hex>~"``): a frame's
-messages of the phase are counted exactly by ``payload.count(marker)``; 1 in
+Sockets are ``testkit.lean``'s (no task per socket, framing by hand, nothing
+compressed), speaking our protocol or Socket.IO's on top. Each body carries
+the phase's marker (``"m": "~<hex>~"``): a frame's messages of the phase are counted exactly by ``payload.count(marker)``; 1 in
 ``--sample-every`` sockets also parse frames for latency (receive ``time.time()``
 - the publisher's, from the body) into a log histogram (0.5 % buckets).
 
@@ -18,12 +16,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import hashlib
 import math
 import os
-import resource
 import sys
 import time
 from collections import Counter
@@ -32,26 +27,22 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-from websockets.frames import Frame, Opcode
+from websockets.frames import Opcode
+
+from bench.common import raise_fd_limit, run_loop
+from testkit.lean import LeanSocket, open_lean
+from testkit.tokens import issue_token
 
 KINDS = ("ours", "ws", "sio")
 ROOM = "r1"
 PAD = "x" * 40
 LOG_BUCKETS = 200  # histogram buckets per factor e (0.5 % wide)
-_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-
-
-def raise_nofile() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def conn_path(kind: str, url: str, user: str, secret: str) -> str:
     """The request target of a subscriber or publisher socket on server ``kind``."""
     base = urlsplit(url).path or "/"
     if kind == "ours":
-        from gateway.auth import issue_token
         return f"{base}?token={issue_token(secret, user, 7200)}"
     if kind == "ws":
         return f"{base}?user={user}"
@@ -87,10 +78,6 @@ class Stats:
                 "other": dict(self.other)}
 
 
-def merge_counts(dicts: list[dict[Any, int]]) -> dict[Any, int]:
-    return dict(sum((Counter(d) for d in dicts), Counter()))
-
-
 def hist_summary(hist: dict[int, int], lat_max: float) -> dict[str, Any]:
     """p50 / p99 (ms, bucket midpoints: +-0.25 %) and the exact max of merged histograms."""
     total = sum(hist.values())
@@ -106,116 +93,23 @@ def hist_summary(hist: dict[int, int], lat_max: float) -> dict[str, Any]:
     return out
 
 
-class Conn(asyncio.Protocol):
-    """One client WebSocket: the upgrade and the framing by hand; text frames go to
-    ``on_text(payload, now)``. Subclasses speak a server's protocol on top."""
+class Conn(LeanSocket):
+    """One client WebSocket (``testkit.lean``) in a room: joins on open (``ready``
+    = the ``joined`` reply) and counts the phase's messages; subclasses speak
+    another server's protocol."""
 
     def __init__(self, host: str, port: int, path: str, stats: Stats, url_idx: int = 0,
                  sampled: bool = False) -> None:
-        self.host, self.port, self.path = host, port, path
+        super().__init__(host, port, path)
         self.stats, self.url_idx, self.sampled = stats, url_idx, sampled
-        self.transport: asyncio.Transport | None = None
-        self.chunks: list[bytes] = []  # bytes of an incomplete frame (or response head)
-        self.have = self.need = 0
-        self.upgraded = False
-        self.closed = False
         self.got = 0  # messages of the phase on this socket
-        self.frag: list[bytes] = []
-        self.key = base64.b64encode(os.urandom(16))
-        loop = asyncio.get_running_loop()
-        self.joined: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self.on_text: Callable[[bytes, float], None] = self.count_frame
+        self.on_text: Callable[[bytes, float], None] = self.count_frame  # type: ignore[method-assign]
 
-    # -- transport -------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-        assert self.transport is not None
-        self.transport.write(
-            f"GET {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: {self.key.decode()}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-            .encode())
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+    def on_lost(self, exc: Exception | None) -> None:
         self.stats.other["socket closed"] += 1
-        self._fail(ConnectionError(f"closed before joining ({exc!r})"))
 
-    def _fail(self, exc: Exception) -> None:
-        if not self.joined.done():
-            self.joined.set_exception(exc)
-            self.joined.exception()  # retrieved: whoever awaits it still sees it
-
-    def data_received(self, data: bytes) -> None:
-        now = time.time()
-        if self.chunks:  # a frame longer than one read: join once it is all here
-            self.chunks.append(data)
-            self.have += len(data)
-            if self.have < self.need:
-                return
-            data, self.chunks = b"".join(self.chunks), []
-        buf = data
-        if not self.upgraded:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                self._keep(buf, len(buf) + 1)
-                return
-            head, buf = buf[:end], buf[end + 4:]
-            accept = base64.b64encode(hashlib.sha1(self.key + _GUID).digest())
-            if not head.startswith(b"HTTP/1.1 101") or accept not in head:
-                self._fail(ConnectionError(f"upgrade refused: {head[:200]!r} {buf[:200]!r}"))
-                self.abort()
-                return
-            self.upgraded = True
-            self.on_open()
-        pos, n = 0, len(buf)
-        while n - pos >= 2:
-            b0, b1 = buf[pos], buf[pos + 1]
-            length, hdr = b1 & 0x7F, 2
-            if length == 126:
-                if n - pos < 4:
-                    break
-                length, hdr = int.from_bytes(buf[pos + 2:pos + 4], "big"), 4
-            elif length == 127:
-                if n - pos < 10:
-                    break
-                length, hdr = int.from_bytes(buf[pos + 2:pos + 10], "big"), 10
-            end = pos + hdr + length
-            if end > n:
-                self._keep(buf[pos:], end - pos)
-                return
-            payload = buf[pos + hdr:end]
-            pos = end
-            op = b0 & 0x0F  # (a server's frames are never masked: b1 & 0x80 is 0)
-            if op == 1 or op == 2 or op == 0:
-                if not b0 & 0x80:  # a fragment: keep it until the final one
-                    self.frag.append(payload)
-                    continue
-                if self.frag:
-                    payload = b"".join([*self.frag, payload])
-                    self.frag = []
-                self.on_text(payload, now)
-            elif op == 9:
-                self.send(payload, Opcode.PONG)
-            elif op == 8:
-                self.stats.other[f"close frame {payload[:2].hex()} {payload[2:60]!r}"] += 1
-                self.send(payload[:2], Opcode.CLOSE)
-                self.abort()
-                return
-        if pos < n:
-            self._keep(buf[pos:], n - pos + 1)
-
-    def _keep(self, rest: bytes, need: int) -> None:
-        """Wait for ``need`` bytes (``rest`` and what comes next) before parsing again."""
-        self.chunks, self.have, self.need = [rest], len(rest), need
-
-    def send(self, data: bytes, opcode: Opcode = Opcode.TEXT) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(Frame(opcode, data).serialize(mask=True))
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+    def on_close_frame(self, payload: bytes) -> None:
+        self.stats.other[f"close frame {payload[:2].hex()} {payload[2:60]!r}"] += 1
 
     # -- counting ---------------------------------------------------------------
     def count_frame(self, payload: bytes, now: float) -> None:
@@ -244,10 +138,9 @@ class Conn(asyncio.Protocol):
         f = orjson.loads(payload)
         op = f.get("op")
         if op == "joined" and f.get("re") == 1:
-            if not self.joined.done():
-                self.joined.set_result(f)
+            self.set_ready(f)
         elif op == "error" and f.get("re") == 1:
-            self._fail(ConnectionError(f"join refused: {f}"))
+            self.fail(ConnectionError(f"join refused: {f}"))
         elif op in ("ok", "error") and f.get("re") is not None:
             self.ack(f)
         elif op != "room_msgs":  # room_msgs of another phase: late, not counted
@@ -281,8 +174,7 @@ class SioConn(Conn):
             rid_end = payload.index(b"[")
             rid = int(payload[2:rid_end])
             if rid == 1:
-                if not self.joined.done():
-                    self.joined.set_result({"op": "joined", "ack": payload[rid_end:].decode()})
+                self.set_ready({"op": "joined", "ack": payload[rid_end:].decode()})
             else:
                 self.ack({"op": "ok", "re": rid})
         elif payload[:4] == b'42["':  # an event of another phase: late, not counted
@@ -300,26 +192,17 @@ class SioConn(Conn):
 
 async def open_conn(kind: str, url: str, path: str, stats: Stats, url_idx: int = 0,
                     sampled: bool = False, timeout: float = 30) -> Conn:
-    """Connect, upgrade and join the room; retried a few times (listen backlogs overflow
-    when a thousand sockets dial at once)."""
+    """Connect, upgrade and join the room."""
     u = urlsplit(url)
-    host, port = u.hostname or "127.0.0.1", u.port or 80
     cls = SioConn if kind == "sio" else Conn
-    loop = asyncio.get_running_loop()
-    for attempt in range(4):
-        conn = cls(host, port, path, stats, url_idx, sampled)
-        try:
-            async with asyncio.timeout(timeout):
-                await loop.create_connection(lambda c=conn: c, host, port)
-                await conn.joined
-            return conn
-        except (OSError, TimeoutError) as exc:
-            conn.abort()
-            if attempt == 3:
-                raise ConnectionError(f"{url}: {exc!r}") from exc
-            stats.other["connect retried"] += 1
-            await asyncio.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+
+    def retried() -> None:
+        stats.other["connect retried"] += 1
+
+    sock = await open_lean(lambda: cls(u.hostname or "127.0.0.1", u.port or 80, path, stats,
+                                       url_idx, sampled), timeout, on_retry=retried)
+    assert isinstance(sock, Conn)
+    return sock
 
 
 # -- the publisher (used by bench.room_bench, in its own process) -----------------------
@@ -397,7 +280,7 @@ def emit(obj: dict[str, Any]) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    raise_nofile()
+    raise_fd_limit()
     urls, secret = args.urls.split(","), os.environ.get("ROOM_BENCH_SECRET", "")
     stats, gate, t0 = Stats(len(urls)), asyncio.Semaphore(args.concurrency), time.perf_counter()
 
@@ -454,7 +337,6 @@ def main() -> None:
         if urlsplit(url).hostname not in ("127.0.0.1", "localhost"):
             p.error(f"{url}: only 127.0.0.1")
 
-    from bench.common import run_loop
     with contextlib.suppress(KeyboardInterrupt, TimeoutError):
         run_loop(asyncio.wait_for(serve(args), args.max_seconds))
 

@@ -16,7 +16,8 @@ import time
 
 from pymongo import AsyncMongoClient
 
-from store.messages import INDEXES, ChatMessage, body_doc, box_docs
+from store.messages_mongo import INDEXES, body_doc, box_docs
+from store.records import ChatMessage
 
 
 async def probe(url: str, rate: float, seconds: float) -> None:

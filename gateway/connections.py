@@ -23,13 +23,13 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar, cast
 
 from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
 
-from core.ratelimit import TokenBucket
 from gateway.fanout import ws_text_frame
 
 __all__ = ["Client", "ConnectionIndex", "Count", "SocketWriter", "Written", "write_wires"]
@@ -48,9 +48,7 @@ class Client:
 
     user: str
     ws: ServerConnection
-    bucket: TokenBucket
     id: int = field(default_factory=lambda: next(_ids))
-    bad_frames: int = 0
     tasks: set[Any] | None = None  # in-flight ops; None until the first (memory)
     rooms: set[str] | None = None  # joined rooms; None while in none (memory)
     groups: set[str] | None = None  # groups this device gets pushes of; None while none
@@ -70,14 +68,14 @@ class Written(enum.Enum):
     CLOSED = "closed"  # the socket was not OPEN: skipped
 
 
-_SENT, _FULL = Written.SENT, Written.FULL
+_SENT, _FULL, _CLOSED = Written.SENT, Written.FULL, Written.CLOSED
 
 
 def write_wires(ws: ServerConnection, wires: Sequence[bytes], limit: int) -> Written:
     """Queue ``wires`` (complete frames) on ``ws``'s transport unless the socket is
     not OPEN or more than ``limit`` bytes are already queued. Never awaits."""
     if ws.protocol.state is not _OPEN:
-        return Written.CLOSED
+        return _CLOSED
     transport = ws.transport
     if transport.get_write_buffer_size() > limit:
         return _FULL
@@ -158,7 +156,8 @@ class ConnectionIndex(Generic[K]):
         conns = self._conns.get(key)
         return len(conns) if conns else 0
 
-    def keys_of(self, client: Client) -> frozenset[K] | set[K]:
+    def keys_of(self, client: Client) -> AbstractSet[K]:
+        """The keys ``client`` is under (empty for an idle connection)."""
         return self._keys(client) or frozenset()
 
     def __contains__(self, key: object) -> bool:

@@ -23,7 +23,6 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from core.errors import Unavailable
-from core.ratelimit import TokenBucket
 from gateway import protocol as p
 from gateway import session_core as sc
 from gateway.auth import bearer_token, verify_token
@@ -91,10 +90,8 @@ class Sessions:
         # The handshake's headers are never read again: ~1.6 KB per idle connection.
         # (``request`` must stay set: websockets takes None for "handshake pending".)
         ws.request, ws.response = _HANDSHAKE_DONE, None
-        s = self.settings
-        now = time.monotonic()
-        core = sc.SessionCore(self.limits, now)
-        client = Client(ws.username, ws, TokenBucket(s.send_rate, s.send_burst, now))
+        core = sc.SessionCore(self.limits, time.monotonic())  # limits, bad frames, send bucket
+        client = Client(ws.username, ws)
         try:
             await self.registry.connected(client)
             async for data in ws:

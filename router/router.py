@@ -25,7 +25,7 @@ from typing import Any
 from router import envelope
 from router.base import Broker, GroupDelivery, LocalDelivery, RoomDelivery
 from router.errors import BrokerUnavailable
-from router.routing import group_key, parse_key
+from router.routing import group_key, parse_key, room_key
 from store.ports import RouteStore
 
 __all__ = ["Router"]
@@ -133,11 +133,12 @@ class Router:
         one envelope), or fails with ``BrokerUnavailable``. The caller
         delivers to its own local members itself.
         """
-        waiter = self._room_waiters.get(room)
+        key = room_key(room)
+        waiter = self._room_waiters.get(key)
         if waiter is None:
-            waiter = self._room_waiters[room] = asyncio.get_running_loop().create_future()
-            self._room_records[room] = []
-        self._room_records[room].append(({"r": room, "p": 1} if prio else {"r": room}, fragment))
+            waiter = self._room_waiters[key] = asyncio.get_running_loop().create_future()
+            self._room_records[key] = []
+        self._room_records[key].append(({"r": room, "p": 1} if prio else {"r": room}, fragment))
         self._schedule_flush()
         return waiter
 

@@ -2,6 +2,7 @@
 
 Many users may share one ``httpx.AsyncClient`` (one connection pool): pass it
 as ``client``; the owner closes it. Without one, the user has its own.
+``HttpUsers`` is a node's users on one shared client.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Any
 
 import httpx
 
-__all__ = ["HttpError", "HttpUser", "http_url"]
+from testkit.tokens import issue_token
+
+__all__ = ["HttpError", "HttpUser", "HttpUsers", "http_url"]
 
 
 class HttpError(RuntimeError):
@@ -81,3 +84,24 @@ class HttpUser:
     async def aclose(self) -> None:
         if self._own:
             await self.client.aclose()
+
+
+class HttpUsers:
+    """Any number of users on one node, sharing one client (one connection pool):
+    ``users["alice"]`` is alice's ``HttpUser``, made (and its token issued) once."""
+
+    def __init__(self, where: int | str, secret: str, *, timeout: float = 60,
+                 limits: httpx.Limits | None = None) -> None:
+        self.where, self.secret = where, secret
+        self.client = httpx.AsyncClient(timeout=timeout, trust_env=False,
+                                        limits=limits or httpx.Limits())
+        self._users: dict[str, HttpUser] = {}
+
+    def __getitem__(self, user: str) -> HttpUser:
+        if user not in self._users:
+            self._users[user] = HttpUser(self.where, issue_token(self.secret, user),
+                                         client=self.client)
+        return self._users[user]
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

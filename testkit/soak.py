@@ -374,7 +374,8 @@ class Soak:
         finally:
             await self.close()
 
-    async def close(self) -> None:
+    async def disconnect(self) -> None:
+        """Close every connection, no reconnects; HTTP (``final_sync``) still works."""
         self.closing = True
         for t in self._pumps:
             t.cancel()
@@ -383,4 +384,7 @@ class Soak:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._pumps, *self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.disconnect()
         await self.http.aclose()

@@ -17,7 +17,6 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.streams import StreamReader
 
-from core.ratelimit import TokenBucket
 from gateway.connections import Client, ConnectionIndex, SocketWriter, Written, write_wires
 from gateway.grouphub import GroupHub
 from gateway.hub import Hub
@@ -46,7 +45,7 @@ class FakeTransport:
 
 def make_client(user: str = "u", state: State = State.OPEN, buffered: int = 0) -> Client:
     ws = SimpleNamespace(protocol=SimpleNamespace(state=state), transport=FakeTransport(buffered))
-    return Client(user, ws, TokenBucket(1, 1, 0))  # type: ignore[arg-type]
+    return Client(user, ws)  # type: ignore[arg-type]
 
 
 def tr(client: Client) -> FakeTransport:

@@ -1,0 +1,278 @@
+"""In-memory fakes of the chat store Protocols (``store/ports.py``) and the
+route store, for unit tests of the services' logic. No servers.
+Groups' fakes are ``fakes_groups.py``, the feed's ``fakes_feed.py``.
+
+Each fake keeps the state its real implementation keeps, in dicts, with the
+semantics the services rely on (dedup values, offline floors, forward-only
+seqs and read seqs, tombstones), and records what reached it. ``fail(name)``
+makes that method raise ``core.errors.Unavailable`` (nothing stored) until
+``heal()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from core import dedup
+from core.errors import Unavailable
+from store.records import (
+    ChatMessage,
+    ConversationRow,
+    Delivery,
+    GroupMessage,
+    OfflinePage,
+    StoredMessage,
+)
+
+__all__ = [
+    "FakeDedup",
+    "FakeMessages",
+    "FakeOffline",
+    "FakeRoutes",
+    "Faulty",
+    "settle",
+]
+
+
+async def settle(check: Callable[[], bool], turns: int = 2000) -> bool:
+    """Let background tasks run, one event-loop turn at a time, until ``check()``
+    holds; at most ``turns`` turns (no clock involved)."""
+    for _ in range(turns):
+        if check():
+            return True
+        await asyncio.sleep(0)
+    return check()
+
+
+class Faulty:
+    """A fake that can be told to fail: named methods raise ``Unavailable``."""
+
+    dependency = "fake"
+
+    def __init__(self) -> None:
+        self.down: set[str] = set()
+
+    def fail(self, *methods: str) -> None:
+        self.down.update(methods)
+
+    def heal(self) -> None:
+        self.down.clear()
+
+    def _up(self, method: str) -> None:
+        if method in self.down:
+            raise Unavailable(self.dependency, f"{method} (told to fail)")
+
+
+class FakeDedup(Faulty):
+    """``DedupStore``: (sender, cmid) -> ``core.dedup`` value; a claim sets pending."""
+
+    dependency = "redis"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[tuple[str, str], str] = {}
+
+    async def claim(self, claims: Sequence[tuple[str, str, int]]) -> list[str | None]:
+        self._up("claim")
+        out: list[str | None] = []
+        for sender, cmid, mid in claims:
+            out.append(self.values.get((sender, cmid)))
+            self.values.setdefault((sender, cmid), dedup.pending(mid))
+        return out
+
+
+class FakeRoutes(Faulty):
+    """``RouteStore``: user -> {``node/conn``: node}."""
+
+    dependency = "redis"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.routes: dict[str, dict[str, str]] = {}
+        self.purged: dict[str, set[str]] = {}
+
+    def connect(self, user: str, node: str, conn: int) -> str:
+        """A device of ``user`` on ``node``; returns its route field."""
+        self.routes.setdefault(user, {})[f"{node}/{conn}"] = node
+        return f"{node}/{conn}"
+
+    async def add(self, routes: Sequence[tuple[str, str, int]]) -> None:
+        self._up("add")
+        for user, node, conn in routes:
+            self.connect(user, node, conn)
+
+    async def remove(self, routes: Sequence[tuple[str, str, int]]) -> None:
+        self._up("remove")
+        for user, node, conn in routes:
+            self.routes.get(user, {}).pop(f"{node}/{conn}", None)
+
+    async def lookup(self, users: Sequence[str]) -> list[dict[str, str]]:
+        self._up("lookup")
+        return [dict(self.routes.get(u, {})) for u in users]
+
+    async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None:
+        self._up("purge_many")
+        for user, fields in dead.items():
+            for f in fields:
+                self.routes.get(user, {}).pop(f, None)
+                self.purged.setdefault(user, set()).add(f)
+
+
+@dataclass
+class Inbox:
+    """One user's offline state. ``floor`` None: nothing recorded (or lost)."""
+
+    entries: dict[int, bytes] = field(default_factory=dict)
+    floor: int | None = None
+    unread: dict[str, set[int]] = field(default_factory=dict)
+    convs: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+
+
+class FakeOffline(Faulty):
+    """``OfflineStore``: as ``deliver.lua`` and friends. Acked values land in the
+    dedup store (the same Redis keys); routes come from the route store."""
+
+    dependency = "redis"
+
+    def __init__(self, dedup_store: FakeDedup, routes: FakeRoutes) -> None:
+        super().__init__()
+        self.dedup = dedup_store
+        self.routes = routes
+        self.inboxes: dict[str, Inbox] = {}
+        self.deliveries: list[Delivery] = []
+        self.acked: list[tuple[str, str, str]] = []
+
+    async def deliver(self, deliveries: Sequence[Delivery],
+                      acked: Sequence[tuple[str, str, str]], *, routes: bool = True
+                      ) -> list[dict[str, str]]:
+        self._up("deliver")
+        for d in deliveries:
+            self.deliveries.append(d)
+            box = self.inboxes.setdefault(d.owner, Inbox())
+            if box.floor is None:  # a new store vouches only from here on
+                box.floor = d.mid - 1
+            if d.mid in box.entries:
+                continue  # a retry counts nothing twice
+            box.entries[d.mid] = d.frame
+            if d.unread:
+                box.unread.setdefault(d.conv, set()).add(d.mid)
+            if d.conv_list and d.mid > box.convs.get(d.conv, (0, b""))[0]:
+                box.convs[d.conv] = (d.mid, d.frame)
+        for sender, cmid, value in acked:
+            self.acked.append((sender, cmid, value))
+            self.dedup.values[(sender, cmid)] = value
+        if not routes:
+            return []
+        return await self.routes.lookup([d.owner for d in deliveries])
+
+    async def mark_read(self, user: str, conv: str, mid: int) -> int:
+        self._up("mark_read")
+        left = {m for m in self.inboxes.get(user, Inbox()).unread.get(conv, set()) if m > mid}
+        if user in self.inboxes:
+            self.inboxes[user].unread[conv] = left
+        return len(left)
+
+    async def ack(self, user: str, *, mids: Sequence[int] = (), upto: int = -1) -> None:
+        self._up("ack")
+        box = self.inboxes.get(user)
+        if box is None:
+            return
+        gone = [m for m in box.entries if m <= upto] if upto >= 0 else list(mids)
+        for m in gone:
+            box.entries.pop(m, None)
+        high = max([upto, *gone])
+        if box.floor is not None and box.floor < high:
+            box.floor = high
+
+    async def page(self, user: str, since: int, count: int) -> OfflinePage:
+        self._up("page")
+        box = self.inboxes.get(user)
+        if box is None or box.floor is None or box.floor > since:
+            return OfflinePage(False, [])
+        return OfflinePage(True, sorted((m, f) for m, f in box.entries.items() if m > since)
+                           [:count])
+
+    async def recent(self, users: Sequence[str], since: int, count: int
+                     ) -> list[list[bytes]]:
+        self._up("recent")
+        return [[f for m, f in sorted(self.inboxes.get(u, Inbox()).entries.items())
+                 if m > since][:count] for u in users]
+
+    async def conversations(self, user: str, count: int
+                            ) -> tuple[int, list[ConversationRow]]:
+        self._up("conversations")
+        box = self.inboxes.get(user, Inbox())
+        newest = sorted(box.convs.items(), key=lambda kv: kv[1][0], reverse=True)[:count]
+        rows = [ConversationRow(c, mid, len(box.unread.get(c, ())), last)
+                for c, (mid, last) in newest]
+        return sum(len(s) for s in box.unread.values()), rows
+
+    async def ping(self) -> None:
+        self._up("ping")
+
+
+class FakeMessages(Faulty):
+    """``MessageStore``: bodies unique on (sender, cmid), per-user boxes by mid."""
+
+    dependency = "mongo"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: dict[int, StoredMessage] = {}
+        self.cmids: dict[tuple[str, str], int] = {}
+        self.boxes: dict[str, dict[int, str]] = {}  # owner -> mid -> conv
+        self.batches: list[list[ChatMessage]] = []
+        self.group_boxes: list[tuple[GroupMessage, list[str]]] = []
+
+    async def store_batch(self, msgs: Sequence[ChatMessage]) -> list[int | BaseException]:
+        self._up("store_batch")
+        self.batches.append(list(msgs))
+        out: list[int | BaseException] = []
+        for m in msgs:
+            mid = self.cmids.setdefault((m.sender, m.cmid), m.mid)
+            self.bodies.setdefault(mid, m)
+            self._box(m.sender, mid, m.to)
+            self._box(m.to, mid, m.sender)
+            out.append(mid)
+        return out
+
+    def _box(self, owner: str, mid: int, conv: str) -> None:
+        self.boxes.setdefault(owner, {})[mid] = conv
+
+    async def box_page(self, owner: str, *, conv: str | None = None,
+                       after: int | None = None, before: int | None = None,
+                       limit: int = 50) -> list[StoredMessage]:
+        self._up("box_page")
+        mids = [m for m, c in self.boxes.get(owner, {}).items() if conv in (None, c)]
+        if after is not None:
+            picked = sorted(m for m in mids if m > after)
+        else:
+            picked = sorted((m for m in mids if before is None or m < before), reverse=True)
+        return [self.bodies[m] for m in picked[:limit] if m in self.bodies]
+
+    async def add_group_boxes(self, entries: Sequence[tuple[GroupMessage, Sequence[str]]]
+                              ) -> None:
+        self._up("add_group_boxes")
+        for m, members in entries:
+            self.group_boxes.append((m, list(members)))
+            self.bodies[m.mid] = m  # the real store reads these from group_msgs
+            for u in members:
+                self._box(u, m.mid, f"g:{m.group}")
+
+    async def ping(self) -> None:
+        self._up("ping")
+
+    async def ensure_indexes(self) -> None:
+        pass
+
+
+if TYPE_CHECKING:  # mypy proves each fake satisfies its Protocol
+    from store.ports import DedupStore, MessageStore, OfflineStore, RouteStore
+
+    _d: DedupStore = FakeDedup()
+    _r: RouteStore = FakeRoutes()
+    _o: OfflineStore = FakeOffline(FakeDedup(), FakeRoutes())
+    _m: MessageStore = FakeMessages()

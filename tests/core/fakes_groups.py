@@ -1,0 +1,229 @@
+"""In-memory fakes of the group store Protocols (``GroupStore``, ``GroupCache``)
+and of the membership-change sender (``gateway.groups.ControlSender``); see
+``fakes.py`` for what the fakes promise."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from core.errors import Unavailable
+from store.records import GroupMessage, GroupState, Membership
+from tests.core.fakes import Faulty
+
+__all__ = ["NO_STATE", "FakeControl", "FakeGroupCache", "FakeGroupStore"]
+
+NO_STATE = GroupState(0, 0, None, 0)
+
+
+class FakeGroupStore(Faulty):
+    """``GroupStore``: groups with a seq counter, members, one copy per message
+    by seq (None: a tombstone), unique on (group, sender, cmid)."""
+
+    dependency = "mongo"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: dict[str, dict[str, Any]] = {}
+        self.members: dict[str, dict[str, Membership]] = {}
+        self.msgs: dict[str, dict[int, GroupMessage | None]] = {}
+        self.allocations: list[tuple[str, int]] = []
+        self.inserts: list[list[GroupMessage]] = []
+        self.filled: list[GroupMessage] = []
+
+    async def create(self, group: str, name: str, owner: str, members: Sequence[str]
+                     ) -> None:
+        self._up("create")
+        self.groups[group] = {"_id": group, "name": name, "owner": owner,
+                              "size": len(members), "seq": 0, "lastmid": 0, "rdmid": 0}
+        self.members[group] = {u: Membership(0, 0) for u in members}
+        self.msgs[group] = {}
+
+    async def get(self, group: str) -> dict[str, Any] | None:
+        self._up("get")
+        doc = self.groups.get(group)
+        return dict(doc) if doc is not None else None
+
+    async def add_members(self, group: str, users: Sequence[str]) -> tuple[list[str], int]:
+        self._up("add_members")
+        seq = int(self.groups.get(group, {}).get("seq", 0))
+        mine = self.members.setdefault(group, {})
+        added = [u for u in dict.fromkeys(users) if u not in mine]
+        for u in added:
+            mine[u] = Membership(seq, seq)
+        if added and group in self.groups:
+            self.groups[group]["size"] += len(added)
+        return added, seq
+
+    async def remove_member(self, group: str, user: str) -> bool:
+        self._up("remove_member")
+        gone = self.members.get(group, {}).pop(user, None) is not None
+        if gone and group in self.groups:
+            self.groups[group]["size"] -= 1
+        return gone
+
+    async def member_ids(self, group: str) -> list[str]:
+        self._up("member_ids")
+        return list(self.members.get(group, {}))
+
+    async def user_groups(self, user: str) -> dict[str, Membership]:
+        self._up("user_groups")
+        return {g: ms[user] for g, ms in self.members.items() if user in ms}
+
+    async def set_reads(self, reads: Sequence[tuple[str, str, int]]) -> None:
+        self._up("set_reads")
+        for user, group, seq in reads:
+            m = self.members.get(group, {}).get(user)
+            if m is not None:
+                self.members[group][user] = Membership(m.from_seq, max(m.read_seq, seq))
+
+    async def allocate(self, group: str, n: int, lastmid: int, rdmid: int) -> int:
+        self._up("allocate")
+        doc = self.groups.get(group)
+        if doc is None:
+            raise Unavailable("mongo", "group vanished")
+        doc["seq"] += n
+        doc["lastmid"] = max(doc["lastmid"], lastmid)
+        doc["rdmid"] = max(doc["rdmid"], rdmid)
+        self.allocations.append((group, n))
+        return int(doc["seq"])
+
+    async def insert(self, msgs: Sequence[GroupMessage]
+                     ) -> list[GroupMessage | BaseException]:
+        self._up("insert")
+        self.inserts.append(list(msgs))
+        out: list[GroupMessage | BaseException] = []
+        burned: list[GroupMessage] = []
+        for m in msgs:
+            slot = self.msgs.setdefault(m.group, {})
+            original = next((o for o in slot.values() if o is not None
+                             and (o.sender, o.cmid) == (m.sender, m.cmid)), None)
+            if original is None:
+                slot[m.seq] = m
+                out.append(m)
+            else:  # a resend: the stored message back, its own seq a tombstone
+                out.append(original)
+                burned.append(m)
+        if burned:
+            await self.fill(burned)
+        return out
+
+    async def fill(self, msgs: Sequence[GroupMessage]) -> None:
+        self._up("fill")
+        for m in msgs:
+            self.filled.append(m)
+            self.msgs.setdefault(m.group, {}).setdefault(m.seq, None)
+
+    def _live(self, group: str) -> list[GroupMessage]:
+        return [m for m in self.msgs.get(group, {}).values() if m is not None]
+
+    async def page(self, group: str, *, from_seq: int, after: int | None = None,
+                   before: int | None = None, limit: int = 50, only_rd: bool = False
+                   ) -> list[GroupMessage]:
+        self._up("page")
+        seen = [m for m in self._live(group) if m.seq > from_seq and not (only_rd and m.wd)]
+        if after is not None:
+            return sorted((m for m in seen if m.mid > after), key=lambda m: m.mid)[:limit]
+        return sorted((m for m in seen if before is None or m.mid < before),
+                      key=lambda m: m.mid, reverse=True)[:limit]
+
+    async def seq_of(self, group: str, mid: int) -> int | None:
+        self._up("seq_of")
+        return next((m.seq for m in self._live(group) if m.mid == mid), None)
+
+    async def last(self, group: str) -> GroupMessage | None:
+        self._up("last")
+        return max(self._live(group), key=lambda m: m.mid, default=None)
+
+
+class FakeGroupCache(Faulty):
+    """``GroupCache``: member sets, each user's memberships with read seqs, and
+    group states whose fields only move forward (``group_state.lua``)."""
+
+    dependency = "redis"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.member_sets: dict[str, set[str]] = {}
+        self.memberships: dict[str, dict[str, Membership]] = {}  # user -> group -> it
+        self.state: dict[str, GroupState] = {}
+        self.records: list[tuple[str, int, int, bytes, int]] = []
+
+    async def is_member(self, group: str, user: str) -> bool:
+        self._up("is_member")
+        return user in self.member_sets.get(group, set())
+
+    async def members(self, groups: Iterable[str]) -> dict[str, list[str]]:
+        self._up("members")
+        return {g: sorted(self.member_sets.get(g, set())) for g in groups}
+
+    async def sizes(self, groups: Iterable[str]) -> dict[str, int]:
+        self._up("sizes")
+        return {g: len(self.member_sets.get(g, set())) for g in groups}
+
+    async def added(self, group: str, users: Sequence[str], from_seq: int,
+                    complete: bool = False) -> None:
+        self._up("added")
+        self.member_sets.setdefault(group, set()).update(users)
+        for u in users:
+            self.memberships.setdefault(u, {})[group] = Membership(from_seq, from_seq)
+
+    async def removed(self, group: str, user: str) -> None:
+        self._up("removed")
+        self.member_sets.get(group, set()).discard(user)
+        self.memberships.get(user, {}).pop(group, None)
+
+    async def user_groups(self, user: str) -> dict[str, Membership]:
+        self._up("user_groups")
+        return dict(self.memberships.get(user, {}))
+
+    async def groups_of(self, users: Sequence[str]) -> list[list[str]]:
+        self._up("groups_of")
+        return [sorted(self.memberships.get(u, {})) for u in users]
+
+    async def set_read(self, user: str, group: str, seq: int) -> int | None:
+        self._up("set_read")
+        m = self.memberships.get(user, {}).get(group)
+        if m is None:
+            return None
+        self.memberships[user][group] = Membership(m.from_seq, max(m.read_seq, seq))
+        return max(m.read_seq, seq)
+
+    async def states(self, groups: Iterable[str]) -> dict[str, GroupState]:
+        self._up("states")
+        return {g: self.state.get(g, NO_STATE) for g in groups}
+
+    async def created(self, group: str) -> None:
+        self._up("created")
+        self.state[group] = NO_STATE
+
+    async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
+                     senders: Sequence[tuple[str, str, int]] = ()) -> None:
+        self._up("record")
+        for g, seq, lastmid, last, rdmid in updates:
+            self.records.append((g, seq, lastmid, last, rdmid))
+            old = self.state.get(g, NO_STATE)
+            newer = lastmid > old.lastmid and bool(last)
+            self.state[g] = GroupState(max(old.seq, seq), max(old.lastmid, lastmid),
+                                       last if newer else old.last, max(old.rdmid, rdmid))
+        for user, g, seq in senders:
+            await self.set_read(user, g, seq)
+
+
+class FakeControl:
+    """``gateway.groups.ControlSender``: records each membership change told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[list[str], dict[str, Any]]] = []
+
+    async def tell(self, users: list[str], ctl: dict[str, Any]) -> None:
+        self.told.append((list(users), dict(ctl)))
+
+
+if TYPE_CHECKING:  # mypy proves each fake satisfies its Protocol
+    from gateway.groups import ControlSender
+    from store.ports import GroupCache, GroupStore
+
+    _gs: GroupStore = FakeGroupStore()
+    _gc: GroupCache = FakeGroupCache()
+    _c: ControlSender = FakeControl()

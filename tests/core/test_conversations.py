@@ -1,0 +1,115 @@
+"""Conversations (gateway/conversations.py) over fakes: sync merges the user's
+own store (1:1 and write-diffused groups) with its read-diffused groups in
+mid order; the conversation list sums both sides, newest first; read and
+history dispatch on ``g:``. No servers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.config import Settings
+from tests.core.world import World, build
+
+PAST_MS = 1_750_000_000_000  # the mids' clock: long settled (sync cursors may pass them)
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    # groups of up to 2 members are write-diffused, bigger ones read-diffused
+    w = build(Settings(group_write_diffusion_max=2), clock_ms=lambda: PAST_MS)
+    yield w
+    await w.close()
+
+
+def plain(entry: Any) -> Any:
+    return orjson.loads(orjson.dumps(entry))
+
+
+async def groups_of_bob(world: World) -> tuple[str, str]:
+    big = await world.groups.create("alice", "big", ["bob", "carol"])  # read-diffused
+    small = await world.groups.create("dave", "small", ["bob"])  # write-diffused
+    return big, small
+
+
+async def test_sync_merges_in_mid_order_and_cuts_at_the_limit(world: World) -> None:
+    big, small = await groups_of_bob(world)
+    chat, groups = world.chat, world.groups
+    sent = [
+        (await chat.send("alice", "bob", "d1", "d1")).mid,
+        (await groups.send("carol", big, "g1", "g1")).mid,
+        (await groups.send("dave", small, "s1", "s1")).mid,
+        (await chat.send("erin", "bob", "d2", "d2")).mid,
+        (await groups.send("alice", big, "g2", "g2")).mid,
+    ]
+    assert sent == sorted(sent)
+
+    first = await world.conversations.sync("bob", 0, 3)
+    assert [plain(m)["body"] for m in first.msgs] == ["d1", "g1", "s1"]
+    assert [plain(m)["op"] for m in first.msgs] == ["msg", "group_msg", "group_msg"]
+    assert first.more and first.next == sent[2]
+
+    second = await world.conversations.sync("bob", first.next, 3)
+    assert [plain(m)["body"] for m in second.msgs] == ["d2", "g2"]
+    assert not second.more and second.next == sent[4]
+
+    last = await world.conversations.sync("bob", second.next, 3)
+    assert (last.msgs, last.more, last.next) == ([], False, sent[4])
+
+
+async def test_sync_sees_read_diffused_groups_only_after_the_join(world: World) -> None:
+    big, _ = await groups_of_bob(world)
+    before = await world.groups.send("alice", big, "g0", "before erin")
+    await world.groups.add("alice", big, ["erin"])
+    after = await world.groups.send("alice", big, "g1", "after erin")
+    page = await world.conversations.sync("erin", 0, 10)
+    assert [plain(m)["mid"] for m in page.msgs] == [after.mid]
+    page = await world.conversations.sync("bob", 0, 10)
+    assert [plain(m)["mid"] for m in page.msgs] == [before.mid, after.mid]
+
+
+async def test_conversations_sum_both_sides_newest_first(world: World) -> None:
+    big, small = await groups_of_bob(world)
+    quiet = await world.groups.create("alice", "quiet", ["bob", "carol"])  # no message
+    await world.chat.send("alice", "bob", "a1", "a1")
+    await world.chat.send("alice", "bob", "a2", "a2")
+    await world.groups.send("carol", big, "g1", "g1")
+    await world.chat.send("dave", "bob", "d1", "d1")
+    await world.groups.send("dave", small, "s1", "s1")
+    await world.groups.send("bob", big, "g2", "own")  # bob's own: read, but the newest
+
+    got = await world.conversations.conversations("bob", 10)
+    rows = [(r["conv"], r["unread"], plain(r["last"])["body"] if r["last"] else None)
+            for r in got["conversations"]]
+    assert rows == [(f"g:{big}", 0, "own"), (f"g:{small}", 1, "s1"), ("dave", 1, "d1"),
+                    ("alice", 2, "a2"), (f"g:{quiet}", 0, None)]
+    assert got["total_unread"] == 2 + 1 + 1  # alice, dave, small
+
+    top = await world.conversations.conversations("bob", 2)
+    assert [r["conv"] for r in top["conversations"]] == [f"g:{big}", f"g:{small}"]
+    assert top["total_unread"] == 4  # the total covers every conversation
+
+    carol = await world.conversations.conversations("carol", 10)
+    assert [(r["conv"], r["unread"]) for r in carol["conversations"]] == [
+        (f"g:{big}", 1), (f"g:{quiet}", 0)]  # g1 is her own
+    assert carol["total_unread"] == 1
+
+
+async def test_read_and_history_dispatch_on_the_group_prefix(world: World) -> None:
+    big, _ = await groups_of_bob(world)
+    a = [(await world.chat.send("alice", "bob", f"a{i}", f"a{i}")).mid for i in range(2)]
+    g = [(await world.groups.send("carol", big, f"g{i}", f"g{i}")).mid for i in range(3)]
+
+    assert await world.conversations.mark_read("bob", "alice", a[0]) == 1
+    assert await world.conversations.mark_read("bob", f"g:{big}", g[0]) == 2
+    assert (await world.conversations.conversations("bob", 10))["total_unread"] == 3
+
+    page, cursor = await world.conversations.history("bob", f"g:{big}", None, 2)
+    assert [(f["op"], f["mid"]) for f in page] == [("group_msg", g[2]), ("group_msg", g[1])]
+    assert cursor == g[1]
+    page, cursor = await world.conversations.history("bob", "alice", None, 5)
+    assert [(f["op"], f["mid"]) for f in page] == [("msg", a[1]), ("msg", a[0])]
+    assert cursor is None
