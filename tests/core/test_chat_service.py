@@ -126,7 +126,23 @@ async def test_an_offline_store_failure_is_unavailable_and_never_acks(world: Wor
     st.offline.fail("deliver")
     with pytest.raises(Unavailable):
         await world.chat.send("alice", "bob", "c1", "hi")
-    assert not dedup.parse(st.dedup.values[("alice", "c1")]).acked
+    prior = dedup.parse(st.dedup.values[("alice", "c1")])
+    assert not prior.acked and list(st.messages.bodies) == [prior.mid]  # stored, not acked
+
+    st.offline.heal()
+    r = await world.chat.send("alice", "bob", "c1", "hi")
+    assert r.mid == prior.mid and list(st.messages.bodies) == [prior.mid]
+    assert st.offline.inboxes["bob"].unread == {"alice": {prior.mid}}
+
+
+async def test_a_double_send_stores_once_and_counts_once(world: World) -> None:
+    st = world.stores
+    one, two = await asyncio.gather(world.chat.send("alice", "bob", "c1", "hi"),
+                                    world.chat.send("alice", "bob", "c1", "hi"))
+    assert one.mid == two.mid and list(st.messages.bodies) == [one.mid]
+    assert st.offline.inboxes["bob"].unread == {"alice": {one.mid}}
+    assert list(st.offline.inboxes["bob"].entries) == [one.mid]
+    assert st.dedup.values[("alice", "c1")] == dedup.done(one.mid)
 
 
 async def test_concurrent_sends_share_batches_and_each_gets_its_own_mid(world: World) -> None:
