@@ -79,7 +79,7 @@ Doc = dict[str, Any]
 
 
 # -- 1. raw store --------------------------------------------------------------
-def _message_docs(first_mid: int, n: int, pairs: int) -> tuple[list[Doc], list[Doc]]:
+def message_docs(first_mid: int, n: int, pairs: int) -> tuple[list[Doc], list[Doc]]:
     """The documents the node writes for ``n`` messages (store/messages.py)."""
     bodies: list[Doc] = []
     boxes: list[Doc] = []
@@ -91,7 +91,7 @@ def _message_docs(first_mid: int, n: int, pairs: int) -> tuple[list[Doc], list[D
     return bodies, boxes
 
 
-async def _fresh_collections(db: AsyncDatabase[Doc], indexes: bool) -> None:
+async def fresh_collections(db: AsyncDatabase[Doc], indexes: bool) -> None:
     await db.drop_collection("messages")
     await db.drop_collection("boxes")
     await db.create_collection("messages")
@@ -104,14 +104,14 @@ async def _fresh_collections(db: AsyncDatabase[Doc], indexes: bool) -> None:
 async def _raw_run(db: AsyncDatabase[Doc], batch: int, *, indexes: bool = True,
                    wc: WriteConcern | None = None, pairs: int = 50) -> dict[str, Any]:
     """Sequential batches for RAW_SECONDS or RAW_MAX_MSGS, as the node's Mongo batcher does."""
-    await _fresh_collections(db, indexes)
+    await fresh_collections(db, indexes)
     messages, boxes = db.messages, db.boxes
     if wc is not None:
         messages, boxes = messages.with_options(write_concern=wc), boxes.with_options(
             write_concern=wc)
     before, sent = common.cpu_snapshot(), 0
     while sent < RAW_MAX_MSGS and time.perf_counter() - before.wall < RAW_SECONDS:
-        bodies, box_docs = _message_docs(1 << 40 | sent, batch, pairs)
+        bodies, box_docs = message_docs(1 << 40 | sent, batch, pairs)
         await messages.insert_many(bodies, ordered=False)
         await boxes.insert_many(box_docs, ordered=False)
         sent += batch
@@ -124,7 +124,7 @@ async def _raw_run(db: AsyncDatabase[Doc], batch: int, *, indexes: bool = True,
             "cpu": common.cpu_report(before, after, {}, top=3)}
 
 
-def _raw_client(mongo_url: str, retry_writes: bool = False) -> AsyncMongoClient[Doc]:
+def raw_client(mongo_url: str, retry_writes: bool = False) -> AsyncMongoClient[Doc]:
     """Like the node's client (store/mongo_client.py): w=majority, journaled, no retryWrites."""
     return AsyncMongoClient(mongo_url, w="majority", journal=True, retryWrites=retry_writes,
                             maxPoolSize=32, tz_aware=False, serverSelectionTimeoutMS=5000,
@@ -132,7 +132,7 @@ def _raw_client(mongo_url: str, retry_writes: bool = False) -> AsyncMongoClient[
 
 
 async def raw_store_phase(mongo_url: str, db_name: str) -> dict[str, Any]:
-    client, retrying = _raw_client(mongo_url), _raw_client(mongo_url, retry_writes=True)
+    client, retrying = raw_client(mongo_url), raw_client(mongo_url, retry_writes=True)
     try:
         db = client[db_name]
         runs = [await _raw_run(db, b) for b in RAW_BATCHES]

@@ -20,8 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+import httpx
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
@@ -262,20 +262,13 @@ _METRIC = re.compile(r"^(im_\w+?)(\{[^}]*\})? ([0-9.eE+-]+)$")
 
 async def fetch_metrics(http_url: str) -> dict[str, float]:
     """The node's ``im_*`` Prometheus samples (name{labels} -> value); {} on failure."""
-    u = urlsplit(http_url)
     try:
-        async with asyncio.timeout(5):
-            reader, writer = await asyncio.open_connection(u.hostname, u.port)
-            writer.write(f"GET /metrics HTTP/1.0\r\nHost: {u.netloc}\r\n\r\n".encode())
-            text = (await reader.read()).decode(errors="replace")
-            writer.close()
-    except (OSError, TimeoutError):
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            text = (await client.get(f"{http_url}/metrics")).text
+    except httpx.HTTPError:
         return {}
-    out: dict[str, float] = {}
-    for line in text.split("\r\n\r\n", 1)[-1].splitlines():
-        if m := _METRIC.match(line):
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
+    return {m.group(1) + (m.group(2) or ""): float(m.group(3))
+            for line in text.splitlines() if (m := _METRIC.match(line))}
 
 
 def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from typing import Any
 from bench import cli, common
 from bench.cluster import Run
 from bench.idle_clients import SECRET_ENV
-from bench.report import fmt, header_lines, md_table
+from bench.report import fmt, header_lines, md_table, node_lines
 
 TARGET_BYTES = 16 * 1024
 TARGET_CONNECTIONS = 15_000
@@ -270,12 +270,8 @@ def report(res: dict[str, Any]) -> str:
                      f"{yes_no[v['connections_target_met']]} (RSS projected at 15,000: "
                      f"{fmt(v['projected_rss_mib_at_15000'])} MiB; hard fd limit "
                      f"{res['fd_limit'][1]:,} {allows} it)")
-    node = res["servers"].get("node")
-    if node:
-        f = node["log_findings"]
-        lines.append(f"- node log: {f['warnings']} warnings, {f['errors']} errors, "
-                     f"{f['tracebacks']} tracebacks ({node['log']})")
-        lines += [f"  - {t['count']}x {t['line']}" for t in f["top"]]
+    if node := res["servers"].get("node"):
+        lines += node_lines([{"name": "node", **node}])
     return "\n".join(lines) + "\n"
 
 

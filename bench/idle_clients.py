@@ -1,5 +1,5 @@
 """The client processes of ``bench.conn_memory``: idle WebSocket clients
-(``testkit.device``), started as
+(``testkit.lean``: no task per socket), started as
 
     python -m bench.idle_clients --url ws://127.0.0.1:PORT/ws --prefix P
 
@@ -13,8 +13,8 @@ stdin, one per line, answering each with one JSON line on stdout:
 - ``state``: how many connections are still in the OPEN state.
 - ``close``: abort every connection and exit.
 
-The clients send no keepalive pings and answer the server's pings (websockets
-does that by itself), so a connection stays idle but alive. The bare server
+The clients send no keepalive pings and answer the server's pings, so a
+connection stays idle but alive. The bare server
 they are compared against is ``bench.room_baselines idle``.
 """
 
@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import sys
 import time
 from collections import Counter
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
-from websockets.asyncio.client import ClientConnection
-from websockets.protocol import State
 
 from bench.common import raise_fd_limit, run_loop
-from testkit.device import Device
+from testkit.lean import LeanSocket, open_lean
 from testkit.tokens import issue_token
 
 SECRET_ENV = "CONN_MEM_SECRET"
@@ -49,23 +47,22 @@ class Clients:
     """The connections of one client process."""
 
     def __init__(self, url: str, prefix: str, secret: str, concurrency: int) -> None:
-        self.url = url
+        self.url = urlsplit(url)
         self.prefix = prefix
         self.secret = secret
         self.slots = asyncio.Semaphore(concurrency)
-        self.conns: list[Device] = []
+        self.conns: list[LeanSocket] = []
         self.next_index = 0
 
-    async def _dial(self, index: int, errors: Counter[str]) -> Device | None:
-        token = issue_token(self.secret, f"{self.prefix}-{index}")
+    async def _dial(self, index: int, errors: Counter[str]) -> LeanSocket | None:
+        u, token = self.url, issue_token(self.secret, f"{self.prefix}-{index}")
         async with self.slots:
-            for attempt in range(3):
-                try:
-                    return await Device.open(self.url, token, open_timeout=30)
-                except Exception as exc:  # noqa: BLE001 - counted; the run reports failures
-                    errors[type(exc).__name__] += 1
-                    if attempt < 2:
-                        await asyncio.sleep(0.5 * (attempt + 1))
+            try:
+                return await open_lean(lambda: LeanSocket(
+                    u.hostname or "127.0.0.1", u.port or 80, f"{u.path}?token={token}"),
+                    tries=3, on_retry=lambda: errors.update(["retried"]))
+            except ConnectionError as exc:  # counted; the run reports failures
+                errors[type(exc.__cause__ or exc).__name__] += 1
         return None
 
     async def open(self, count: int) -> dict[str, Any]:
@@ -73,40 +70,38 @@ class Clients:
         first, self.next_index = self.next_index, self.next_index + count
         errors: Counter[str] = Counter()
         got = await asyncio.gather(*(self._dial(i, errors) for i in range(first, first + count)))
-        new = [ws for ws in got if ws is not None]
+        new = [c for c in got if c is not None]
         self.conns += new
         return {"open": len(self.conns), "opened": len(new), "failed": count - len(new),
                 "attempt_errors": dict(errors),
                 "seconds": round(time.perf_counter() - started, 2)}
 
     async def ping(self, sample: int) -> dict[str, Any]:
-        live = [d.ws for d in self.conns if d.ws.state is State.OPEN]
+        live = [c for c in self.conns if not c.closed]
         step = max(1, len(live) // max(1, sample))
         chosen = live[::step][:sample]
 
-        async def one(ws: ClientConnection) -> float | None:
+        async def one(c: LeanSocket) -> float | None:
             started = time.perf_counter()
             try:
-                waiter = await ws.ping()
-                await asyncio.wait_for(waiter, 10)
+                await asyncio.wait_for(c.ping(), 10)
             except Exception:  # noqa: BLE001 - a missing pong is the finding
                 return None
             return time.perf_counter() - started
 
-        times = sorted(t for t in await asyncio.gather(*(one(ws) for ws in chosen))
+        times = sorted(t for t in await asyncio.gather(*(one(c) for c in chosen))
                        if t is not None)
         return {"sampled": len(chosen), "ponged": len(times),
                 "p50_ms": round(times[len(times) // 2] * 1000, 2) if times else None,
                 "max_ms": round(times[-1] * 1000, 2) if times else None}
 
     def state(self) -> dict[str, Any]:
-        states = Counter(d.ws.state.name for d in self.conns)
-        return {"open": states.get("OPEN", 0), "states": dict(states)}
+        closed = sum(c.closed for c in self.conns)
+        return {"open": len(self.conns) - closed, "states": {"closed": closed}}
 
     def close(self) -> None:
-        for d in self.conns:
-            with contextlib.suppress(Exception):
-                d.ws.transport.abort()
+        for c in self.conns:
+            c.abort()
 
 
 async def clients_main(args: argparse.Namespace) -> int:

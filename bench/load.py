@@ -23,6 +23,7 @@ from typing import Any
 from bench import common
 from testkit.device import Device, DeviceClosed
 from testkit.nodes import NodeProcess
+from testkit.poll import until
 from testkit.tokens import issue_token
 
 TEXT = "hello from the chat benchmark, a short line of text"
@@ -69,11 +70,8 @@ class Load:
 
     async def drain(self, timeout_s: float = DRAIN_S) -> dict[str, int]:
         """Wait for outstanding acks and pushes of the phase; report what never came."""
-        deadline = time.perf_counter() + timeout_s
-        while time.perf_counter() < deadline:
-            if not self.inflight() and self.stats.deliveries >= self.stats.acks:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: not self.inflight() and self.stats.deliveries >= self.stats.acks,
+                    timeout_s)
         return {"unanswered": self.inflight(),
                 "undelivered": max(0, self.stats.acks - self.stats.deliveries)}
 

@@ -3,9 +3,10 @@ for our node and both baselines; and the publisher the benchmark drives.
 
 Sockets are ``testkit.lean``'s (no task per socket, framing by hand, nothing
 compressed), speaking our protocol or Socket.IO's on top. Each body carries
-the phase's marker (``"m": "~<hex>~"``): a frame's messages of the phase are counted exactly by ``payload.count(marker)``; 1 in
-``--sample-every`` sockets also parse frames for latency (receive ``time.time()``
-- the publisher's, from the body) into a log histogram (0.5 % buckets).
+the phase's marker (``"m": "~<hex>~"``): a frame's messages of the phase are
+counted exactly by ``payload.count(marker)``; 1 in ``--sample-every`` sockets
+also parse frames for latency (receive ``time.time()`` - the publisher's, from
+the body) into a log histogram (0.5 % buckets).
 
 Started by the benchmark (token secret in ``ROOM_BENCH_SECRET``); prints a JSON line
 once all its sockets joined, then answers JSON lines on stdin (``phase``, ``stats``,

@@ -42,15 +42,19 @@ import itertools
 import os
 import random
 import secrets
+import sys
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import gevent
-import jwt
 import orjson
 import websocket
 from gevent.event import Event
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # locust adds only loadtest/
+from testkit.tokens import issue_token  # noqa: E402
 
 DEV_SECRET = "dev-only-secret-change-me-0123456789"  # gateway.config.Settings.auth_secret
 RUN = secrets.token_hex(3)  # user ids and message bodies carry it
@@ -145,18 +149,14 @@ class RoomMember(User):
                                    "prio": self.opts.prio})
 
     # -- connection --------------------------------------------------------------
-    def _token(self) -> str:
-        now = int(time.time())
-        return jwt.encode({"sub": self.user_id, "iat": now, "exp": now + 3600},
-                          self.opts.secret, algorithm="HS256")
-
     def _connect_and_join(self, name: str) -> bool:
         """Open a WebSocket and send join; fires ``ws/<name>`` for the handshake."""
         url = self.nodes[self.node_index % len(self.nodes)]
         started = time.perf_counter()
         try:
-            ws = websocket.create_connection(f"{url}?token={self._token()}", timeout=10,
-                                             skip_utf8_validation=True)
+            ws = websocket.create_connection(
+                f"{url}?token={issue_token(self.opts.secret, self.user_id)}", timeout=10,
+                skip_utf8_validation=True)
         except Exception as exc:  # noqa: BLE001 - reported to locust
             _fire("ws", name, started, 0, exc)
             return False

@@ -6,7 +6,8 @@ Everything here talks to real servers on 127.0.0.1 and bounds every wait:
 - ``servers``: private Redis / SecantusDB servers a test may kill (``PrivateServer``),
   ``free_port``, ``wait_port``.
 - ``device``: one WebSocket client (``Device``).
-- ``http``: one user on the HTTP API (``HttpUser``).
+- ``lean``: a lean WebSocket for load, thousands per process (``LeanSocket``).
+- ``http``: one user on the HTTP API (``HttpUser``; ``HttpUsers`` share a client).
 - ``tokens``: ``issue_token``.
 - ``namespace``: a fresh namespace, and dropping one.
 - ``soak``: the chat soak with failover clients (``Soak``).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import os
 import time
@@ -182,7 +183,8 @@ async def open_lean(make: Callable[[], LeanSocket], timeout: float = 30, tries: 
         sock = make()
         try:
             async with asyncio.timeout(timeout):
-                await loop.create_connection(lambda s=sock: s, sock.host, sock.port)
+                await loop.create_connection(functools.partial(_same, sock), sock.host,
+                                             sock.port)
                 await sock.ready
             return sock
         except (OSError, TimeoutError) as exc:
@@ -193,3 +195,7 @@ async def open_lean(make: Callable[[], LeanSocket], timeout: float = 30, tries: 
                 on_retry()
             await asyncio.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def _same(sock: LeanSocket) -> LeanSocket:
+    return sock

@@ -6,19 +6,22 @@ port), kills it with SIGKILL in the middle, and starts it again.
 
 from __future__ import annotations
 
-import asyncio
+from pymongo import AsyncMongoClient
 
-from tests.conftest import uid
+from testkit.poll import until
+from tests.conftest import RUN_NS, uid
 
 
-async def send_until_ack(client, to, cmid, body, tries=40):
-    for _ in range(tries):
-        r = await client.request("send", to=to, cmid=cmid, body=body, timeout=15)
-        if r["op"] == "ack":
-            return r
-        assert r["code"] == "unavailable"
-        await asyncio.sleep(0.25)
-    raise AssertionError("never acked after the dependency came back")
+async def until_acked(client, op, **fields):
+    """Resend ``op`` (same cmid) until acked; meanwhile only ``unavailable``."""
+    async def acked():
+        r = await client.request(op, timeout=15, **fields)
+        assert r["op"] == "ack" or r["code"] == "unavailable", r
+        return r if r["op"] == "ack" else None
+
+    r = await until(acked, timeout=30, every=0.25)
+    assert r is not None, "never acked after the dependency came back"
+    return r
 
 
 async def test_mongo_down_gives_unavailable_then_recovers(private, make_node, connect, http):
@@ -35,7 +38,7 @@ async def test_mongo_down_gives_unavailable_then_recovers(private, make_node, co
     assert (await http(b, node).get("/healthz")).status_code == 503
 
     await mongo.start()  # same port, same data directory
-    again = await send_until_ack(ca, b, "during", 1)
+    again = await until_acked(ca, "send", to=b, cmid="during", body=1)
     assert again["mid"] > first["mid"]
     page = (await http(b, node).get("/v1/sync", params={"since": 0})).json()
     assert [m["body"] for m in page["msgs"]] == [0, 1]
@@ -60,17 +63,13 @@ async def test_redis_down_gives_unavailable_then_recovers(private, make_node, co
     assert conv.status_code == 503 and conv.json()["error"]["code"] == "unavailable"
 
     await redis.start()  # empty: everything Redis held is gone
-    again = await send_until_ack(ca, b, "during", 1)
+    again = await until_acked(ca, "send", to=b, cmid="during", body=1)
     page = (await http(b, node).get("/v1/sync", params={"since": 0})).json()
     assert [m["mid"] for m in page["msgs"]] == [first["mid"], again["mid"]]
 
 
 async def test_group_send_with_mongo_down_then_back_keeps_seqs_whole(private, make_node,
                                                                     connect, http):
-    from pymongo import AsyncMongoClient
-
-    from tests.conftest import RUN_NS
-
     mongo = await private("mongo")
     node = await make_node(mongo_url=mongo.url, dep_timeout_s=1.0)
     owner, m = uid("o"), uid("m")
@@ -84,12 +83,7 @@ async def test_group_send_with_mongo_down_then_back_keeps_seqs_whole(private, ma
     assert r["op"] == "error" and r["code"] == "unavailable" and "seq" not in r
 
     await mongo.start()
-    for _ in range(40):
-        r = await co.request("group_send", group=g, cmid="b", body=1, timeout=15)
-        if r["op"] == "ack":
-            break
-        await asyncio.sleep(0.25)
-    assert r["op"] == "ack"
+    r = await until_acked(co, "group_send", group=g, cmid="b", body=1)
     again = await co.request("group_send", group=g, cmid="b", body=1)
     assert (again["mid"], again["seq"]) == (r["mid"], r["seq"])  # acked once
     page = (await http(m, node).get("/v1/sync")).json()["msgs"]
