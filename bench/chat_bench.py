@@ -46,26 +46,15 @@ All traffic goes to 127.0.0.1; every phase is bounded in time.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
 import time
 from typing import Any
 
 from pymongo import AsyncMongoClient, WriteConcern
 from pymongo.asynchronous.database import AsyncDatabase
 
-from bench import cli, common
-from bench.cluster import Run
-from bench.load import (
-    TEXT,
-    Load,
-    closed_loop,
-    measure_window,
-    open_load,
-    paced,
-    stop_pumps,
-    summarise,
-)
+from bench import cli, common, report
+from bench.cluster import Run, process_names
+from bench.load import TEXT, Load, open_load, paced, run_phase, saturate
 from bench.report import fmt, header_lines, load_section, md_table, profile_section
 from store.messages_mongo import INDEXES, body_doc, box_docs
 from store.records import ChatMessage
@@ -92,10 +81,9 @@ def message_docs(first_mid: int, n: int, pairs: int) -> tuple[list[Doc], list[Do
 
 
 async def fresh_collections(db: AsyncDatabase[Doc], indexes: bool) -> None:
-    await db.drop_collection("messages")
-    await db.drop_collection("boxes")
-    await db.create_collection("messages")
-    await db.create_collection("boxes")
+    for name in ("messages", "boxes"):
+        await db.drop_collection(name)
+        await db.create_collection(name)
     if indexes:
         for collection, keys, options in INDEXES:  # exactly the node's indexes
             await db[collection].create_index(keys, **options)
@@ -109,19 +97,16 @@ async def _raw_run(db: AsyncDatabase[Doc], batch: int, *, indexes: bool = True,
     if wc is not None:
         messages, boxes = messages.with_options(write_concern=wc), boxes.with_options(
             write_concern=wc)
-    before, sent = common.cpu_snapshot(), 0
-    while sent < RAW_MAX_MSGS and time.perf_counter() - before.wall < RAW_SECONDS:
+    meter, sent = common.Meter({}, top=3), 0
+    while sent < RAW_MAX_MSGS and time.perf_counter() - meter.snap.wall < RAW_SECONDS:
         bodies, box_docs = message_docs(1 << 40 | sent, batch, pairs)
         await messages.insert_many(bodies, ordered=False)
         await boxes.insert_many(box_docs, ordered=False)
         sent += batch
-    after = common.cpu_snapshot()
-    seconds = after.wall - before.wall
-    wc_used = messages.write_concern.document
-    return {"batch": batch, "indexes": indexes, "write_concern": wc_used, "messages": sent,
-            "seconds": round(seconds, 3), "msgs_per_s": round(sent / seconds, 1),
-            "docs_per_s": round(3 * sent / seconds, 1),
-            "cpu": common.cpu_report(before, after, {}, top=3)}
+    seconds, cpu = meter.stop()
+    return {"batch": batch, "indexes": indexes, "write_concern": messages.write_concern.document,
+            "messages": sent, "seconds": round(seconds, 3), "msgs_per_s": round(sent / seconds, 1),
+            "docs_per_s": round(3 * sent / seconds, 1), "cpu": cpu}
 
 
 def raw_client(mongo_url: str, retry_writes: bool = False) -> AsyncMongoClient[Doc]:
@@ -149,51 +134,26 @@ async def raw_store_phase(mongo_url: str, db_name: str) -> dict[str, Any]:
             "best_msgs_per_s": best["msgs_per_s"]}
 
 
-# -- 2. saturation -------------------------------------------------------------------
-async def saturation_phase(load: Load, args: argparse.Namespace, names: dict[int, str],
-                           node: NodeProcess | None) -> dict[str, Any]:
-    stats = load.begin_phase(1)
-    opens_at = time.perf_counter() + args.warmup
-    until = opens_at + args.duration
-    pumps = [asyncio.create_task(closed_loop(s, args.window, until)) for s in load.senders]
-    profile = _start_profile(args, node, args.warmup)
-    seconds, cpu = await measure_window(load, names, node, opens_at, until)
-    cpu["stuck_senders"] = await stop_pumps(pumps)
-    result = summarise(stats, seconds, cpu, await load.drain())
+# -- 2. saturation, 3. fixed-rate latency ------------------------------------------
+async def saturation_phase(load: Load, args: argparse.Namespace,
+                           nodes: list[NodeProcess]) -> dict[str, Any]:
+    profile = (common.py_spy_later(nodes[0].pid, max(1, min(5, int(args.duration) - 1)),
+                                   common.OUT_DIR / f"pyspy-{args.stamp}.txt", args.warmup)
+               if args.profile and nodes else None)  # up to 5 s after the warm-up
+    result, _ = await saturate(load, 1, process_names(nodes), nodes, args)
     if profile is not None:
         result["profile"] = await profile
     return result
 
 
-def _start_profile(args: argparse.Namespace, node: NodeProcess | None,
-                   delay: float) -> asyncio.Task[dict[str, Any]] | None:
-    """py-spy the node for up to 5 s, starting ``delay`` s from now (after warmup)."""
-    if not args.profile or node is None:
-        return None
-    out = common.OUT_DIR / f"pyspy-{args.stamp}.txt"
-    seconds = max(1, min(5, int(args.duration) - 1))
-
-    async def later() -> dict[str, Any]:
-        await asyncio.sleep(delay)
-        return await common.py_spy_record(node.pid, seconds, out)
-
-    return asyncio.create_task(later())
-
-
-# -- 3. fixed-rate latency ----------------------------------------------------------
 async def latency_phase(load: Load, args: argparse.Namespace, rate: float,
-                        names: dict[int, str], node: NodeProcess | None
-                        ) -> dict[str, Any]:
-    stats = load.begin_phase(2)
-    pairs = len(load.senders)
-    start = time.perf_counter() + 0.05
-    opens_at = start + args.warmup
-    until = opens_at + args.duration
-    pumps = [asyncio.create_task(paced(s, start + i / rate, pairs / rate, until))
-             for i, s in enumerate(load.senders)]
-    seconds, cpu = await measure_window(load, names, node, opens_at, until)
-    cpu["stuck_senders"] = await stop_pumps(pumps)
-    result = summarise(stats, seconds, cpu, await load.drain())
+                        nodes: list[NodeProcess]) -> dict[str, Any]:
+    """Open loop: sender i sends at start + i / rate, then every pairs / rate s."""
+    pairs, start = len(load.senders), time.perf_counter() + 0.05
+    until = start + args.warmup + args.duration
+    result, _ = await run_phase(load, 2, process_names(nodes), nodes, start + args.warmup,
+                                until, lambda i, s: paced(s, start + i / rate, pairs / rate,
+                                                          until))
     result["target_per_s"] = round(rate, 1)
     return result
 
@@ -227,10 +187,8 @@ def render(res: dict[str, Any]) -> str:
     lines += profile_section(res["saturation"].get("profile"))
     lines += load_section("3. Fixed-rate latency (open loop)", res["latency"])
     lines += ["## 4. Summary", ""] + md_table(["figure", "value"], _summary_rows(res))
-    lines += [f"Results: `{res['json']}`"]
-    if res["node"].get("log"):
-        lines[-1] += f"; node log: `{res['node']['log']}`"
-    return "\n".join(lines)
+    return "\n".join(lines + ([f"Node log: `{res['node']['log']}`"]
+                              if res["node"].get("log") else []))
 
 
 def _summary_rows(res: dict[str, Any]) -> list[list[Any]]:
@@ -245,8 +203,7 @@ def _summary_rows(res: dict[str, Any]) -> list[list[Any]]:
                  ["ratio gateway / raw", res["ratio"]]]
     rows += [["latency run: achieved / target msgs/s",
               f"{fmt(lat['acks_per_s'])} / {fmt(lat['target_per_s'])}"],
-             ["latency run: ack p50 / p99 (ms)",
-              f"{fmt(lat['ack_latency']['p50_ms'])} / {fmt(lat['ack_latency']['p99_ms'])}"]]
+             ["latency run: ack p50 / p99 (ms)", report.lat(lat["ack_latency"])]]
     logs = res["node"].get("log_findings")
     if logs:
         rows.append(["node log warnings / errors / tracebacks",
@@ -258,33 +215,28 @@ def _summary_rows(res: dict[str, Any]) -> list[list[Any]]:
 
 # -- main ------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = cli.new_parser("python -m bench.chat_bench", __doc__)
+    p = cli.new_parser("bench.chat_bench", __doc__, cli.LOAD)
     p.add_argument("--rate", type=float, help="latency phase msgs/s (default: saturation/2)")
     p.add_argument("--skip-raw", action="store_true", help="leave out the raw store phase")
     p.add_argument("--node-url", help="ws://127.0.0.1:PORT/ws of a running node (needs --secret)")
     p.add_argument("--secret", help="that node's IM_AUTH_SECRET")
-    cli.add_store_urls(p, amqp=False)
     p.add_argument("--profile", action="store_true",
                    help="py-spy the node for up to 5 s during saturation")
-    args = p.parse_args(argv)
+    args = cli.parse(p, argv)
     if args.node_url and not args.secret:
         p.error("--node-url needs --secret")
-    cli.check_load_args(p, args, [url for url in (args.node_url, args.mongo_url,
-                                                  args.redis_url) if url])
+    cli.check_load_args(p, args)
     return args
 
 
 async def _gateway_phases(args: argparse.Namespace, res: dict[str, Any], secret: str,
-                          node: NodeProcess | None) -> None:
-    url = args.node_url or (node.ws_url if node else "")
-    names = {os.getpid(): "load generator (this process)"}
-    if node is not None:
-        names[node.pid] = "gateway node"
+                          nodes: list[NodeProcess]) -> None:
+    url = args.node_url or nodes[0].ws_url
     load = await open_load([url], args.secret or secret, args.pairs, res["namespace"])
     try:
-        res["saturation"] = await saturation_phase(load, args, names, node)
+        res["saturation"] = await saturation_phase(load, args, nodes)
         rate = args.rate or max(1.0, res["saturation"]["acks_per_s"] / 2)
-        res["latency"] = await latency_phase(load, args, rate, names, node)
+        res["latency"] = await latency_phase(load, args, rate, nodes)
     finally:
         res["load_other_frames"] = dict(load.other)
         await load.close()
@@ -293,25 +245,19 @@ async def _gateway_phases(args: argparse.Namespace, res: dict[str, Any], secret:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     r = Run(args, "chat")
     ns = r.namespace("")
-    res: dict[str, Any] = {
-        "command": cli.command_line("bench.chat_bench", args.argv),
-        "utc": args.stamp, "machine": common.machine_facts(), "code": args.code,
-        "namespace": ns,
-        "settings": {k: getattr(args, k) for k in ("pairs", "window", "duration", "warmup",
-                                                   "rate", "node_url", "mongo_url", "profile")}}
-    common.OUT_DIR.mkdir(parents=True, exist_ok=True)
-    node: NodeProcess | None = None
+    res: dict[str, Any] = {"namespace": ns}
+    nodes: list[NodeProcess] = []
     try:
         if not args.skip_raw:
             res["raw"] = await raw_store_phase(args.mongo_url, f"{ns}_raw")
         if not args.node_url:
-            node = (await r.start_nodes(ns, 1, "node"))[0]
-        res["node"] = {"where": args.node_url or f"started {node.name if node else ''}",
-                       "pid": node.pid if node else None}
-        await _gateway_phases(args, res, r.secret, node)
+            nodes = await r.start_nodes(ns, 1, "node")
+        res["node"] = {"where": args.node_url or f"started {nodes[0].name}",
+                       "pid": nodes[0].pid if nodes else None}
+        await _gateway_phases(args, res, r.secret, nodes)
     finally:
-        if node is not None:  # stop the node, note what it logged, drop our namespace
-            await r.stop_nodes([node])
+        if nodes:  # stop the node, note what it logged, drop our namespace
+            await r.stop_nodes(nodes)
             res["node"] = {**res.get("node", {}), **r.nodes[0]}
         if args.node_url:  # someone else's node: only the raw phase's database is ours
             r.namespaces = [f"{ns}_raw"]
@@ -323,11 +269,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    res = cli.execute(parse_args(argv), argv, run, "chat")
-    if res is None:
-        return 130
-    print(render(res))
-    return 0
+    return cli.main("bench.chat_bench", argv, parse_args, run, render)
 
 
 if __name__ == "__main__":

@@ -1,38 +1,49 @@
-"""The command line both benchmarks share: the load options (pairs, window,
-duration, warmup) and their checks, the loopback-only rule for every URL, and
-the command as recorded in the results (``--secret`` redacted).
+"""What every benchmark's command line shares: the parser (options given as rows,
+the load options of the chat benchmarks, the store URLs), the loopback-only
+rule for every URL, and ``main``: run, record the results, print the report.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
 from bench import common
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# (flag, type, default, help) rows; the default is added to the help
+Option = tuple[str, type, Any, str]
+LOAD: tuple[Option, ...] = (  # the load options of chat_bench and multinode_bench
+    ("--pairs", int, 50, "sender->receiver pairs"),
+    ("--window", int, 32, "in-flight sends per sender"),
+    ("--duration", float, 10.0, "measured seconds per phase"),
+    ("--warmup", float, 2.0, "unmeasured seconds first"))
+URLS = {"mongo": "mongodb://127.0.0.1:27017", "redis": "redis://127.0.0.1:6379/0",
+        "amqp": os.environ.get("IM_AMQP_URL") or common.DEFAULT_AMQP_URL}  # the local servers
 
 
-def new_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
-    """A parser for ``prog`` with the load options every benchmark takes."""
-    p = argparse.ArgumentParser(prog=prog, description=description,
+def new_parser(module: str, description: str | None, options: Iterable[Option] = (),
+               urls: Iterable[str] = ("mongo", "redis", "amqp")) -> argparse.ArgumentParser:
+    """A parser for ``python -m <module>`` with ``options`` and ``--<name>-url`` for ``urls``."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairs", type=int, default=50, help="sender->receiver pairs (default 50)")
-    p.add_argument("--window", type=int, default=32, help="in-flight sends per sender")
-    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per phase")
-    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first")
+    for flag, kind, default, what in options:
+        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+    for name in urls:
+        p.add_argument(f"--{name}-url", default=URLS[name])
     return p
 
 
-def add_store_urls(p: argparse.ArgumentParser, amqp: bool = True) -> None:
-    """``--mongo-url``, ``--redis-url`` (and ``--amqp-url``): the local servers by default."""
-    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    if amqp:
-        p.add_argument("--amqp-url", default=common.DEFAULT_AMQP_URL)
+def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``p.parse_args``; a usage error unless every ``--*-url`` given is on loopback."""
+    args = p.parse_args(argv)
+    check_loopback(p, [v for k, v in vars(args).items() if k.endswith("_url") and v])
+    return args
 
 
 def check_loopback(p: argparse.ArgumentParser, urls: list[str]) -> None:
@@ -42,39 +53,42 @@ def check_loopback(p: argparse.ArgumentParser, urls: list[str]) -> None:
             p.error(f"{url}: only 127.0.0.1 is allowed")
 
 
-def check_load_args(p: argparse.ArgumentParser, args: argparse.Namespace,
-                    urls: list[str]) -> None:
-    """Exit with a usage error unless every URL is on loopback and the load options are sane."""
-    check_loopback(p, urls)
+def check_load_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit with a usage error unless the ``LOAD`` options are sane."""
     if min(args.pairs, args.window) < 1 or args.duration <= 0 or args.warmup < 0:
         p.error("--pairs and --window must be >= 1, --duration > 0, --warmup >= 0")
 
 
-def note_invocation(args: argparse.Namespace, argv: list[str] | None) -> None:
-    """Add what the results record: the arguments, the UTC stamp and the code version."""
+def main(module: str, argv: list[str] | None, parse_args: Callable[[Any], argparse.Namespace],
+         run: Any, render: Callable[[dict[str, Any]], str],
+         failed: Callable[[dict[str, Any]], bool] = lambda res: False) -> int:
+    """A benchmark's ``main``: parse; ``run(args)`` on the event loop (uvloop, as the
+    node); its results, after the command line, UTC stamp, machine, code version and
+    settings (the options but ``--secret``), go to ``bench/out/<prefix>-<stamp>.json``
+    (path in ``["json"]``; prefix: the module's name without ``_bench``, ``_`` -> ``-``);
+    print ``render(results)`` and that path. 130 on Ctrl-C (everything started was
+    stopped and cleaned on the way out), 1 if ``failed(results)``, else 0."""
+    args = parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
-    args.stamp = common.utc_stamp()
-    args.code = common.code_version()
-
-
-def execute(args: argparse.Namespace, argv: list[str] | None, run: Any,
-            prefix: str) -> dict[str, Any] | None:
-    """Note the invocation, ``run(args)`` on the node's event loop, write the results
-    to ``bench/out/<prefix>-<stamp>.json`` (path in ``["json"]``); None on Ctrl-C
-    (everything started was stopped and cleaned on the way out)."""
-    note_invocation(args, argv)
+    args.stamp, args.code = common.utc_stamp(), common.code_version()
+    res: dict[str, Any] = {"command": command_line(module, args.argv), "utc": args.stamp,
+                           "machine": common.machine_facts(), "code": args.code,
+                           "settings": {k: v for k, v in vars(args).items()
+                                        if k not in ("argv", "stamp", "code", "secret")}}
     common.OUT_DIR.mkdir(parents=True, exist_ok=True)
     try:
-        res: dict[str, Any] = common.run_loop(run(args))
+        res.update(common.run_loop(run(args)))
     except KeyboardInterrupt:
-        return None
+        return 130
+    prefix = module.removeprefix("bench.").removesuffix("_bench").replace("_", "-")
     res["json"] = str(common.write_json(res, args.stamp, prefix))
-    return res
+    print(render(res).rstrip() + f"\n\nResults: `{res['json']}`")
+    return 1 if failed(res) else 0
 
 
 def command_line(module: str, argv: list[str]) -> str:
     """How this run was started, for the results (``--secret``'s value left out)."""
-    return f".venv/bin/python -m {module} " + shlex.join(redacted(argv))
+    return f".venv/bin/python -m {module} {shlex.join(redacted(argv))}".rstrip()
 
 
 def redacted(argv: list[str]) -> list[str]:

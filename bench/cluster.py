@@ -19,10 +19,10 @@ from testkit.nodes import NodeProcess, node_env
 NODES = 3  # nodes in phases 2 and 3 of bench.multinode_bench
 
 
-def amqp_url(args: argparse.Namespace) -> str:
-    """``--amqp-url`` if the benchmark has one, else the node's (``IM_AMQP_URL``)."""
-    return getattr(args, "amqp_url", None) or os.environ.get("IM_AMQP_URL") \
-        or common.DEFAULT_AMQP_URL
+def process_names(nodes: list[NodeProcess]) -> dict[int, str]:
+    """Labels for CPU reports: this process (the load generator) and the nodes."""
+    return {os.getpid(): "load generator (this process)",
+            **{n.pid: f"node {i} {n.name}" for i, n in enumerate(nodes)}}
 
 
 class Run:
@@ -42,17 +42,14 @@ class Run:
         self.namespaces.append(ns)
         return ns
 
-    def node_env(self, ns: str, **settings: Any) -> dict[str, str]:
-        """A benchmark node: namespace ``ns``, any free ports, no send rate limit, the
-        run's token secret and store URLs, then ``settings``."""
-        a = self.args
-        return node_env(namespace=ns, ws_port=0, http_port=0, send_rate=1_000_000,
-                        send_burst=1_000_000, auth_secret=self.secret, mongo_url=a.mongo_url,
-                        redis_url=a.redis_url, amqp_url=amqp_url(a), **settings)
-
     async def start_nodes(self, ns: str, n: int, label: str,
                           **settings: Any) -> list[NodeProcess]:
-        env = self.node_env(ns, **settings)
+        """``n`` benchmark nodes: namespace ``ns``, any free ports, no send rate limit, the
+        run's token secret and store URLs, then ``settings``."""
+        a = self.args
+        env = node_env(namespace=ns, ws_port=0, http_port=0, send_rate=1_000_000,
+                       send_burst=1_000_000, auth_secret=self.secret, mongo_url=a.mongo_url,
+                       redis_url=a.redis_url, amqp_url=a.amqp_url, **settings)
         nodes: list[NodeProcess] = []
         try:
             for i in range(n):
@@ -78,4 +75,4 @@ class Run:
     async def cleanup(self) -> dict[str, Any]:
         a = self.args
         return {ns: await drop_namespace(ns, redis_url=a.redis_url, mongo_url=a.mongo_url,
-                                         amqp_url=amqp_url(a)) for ns in self.namespaces}
+                                         amqp_url=a.amqp_url) for ns in self.namespaces}

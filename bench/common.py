@@ -1,5 +1,7 @@
-"""Shared helpers for the benchmarks: CPU accounting, percentiles, machine facts,
-node logs and metrics, py-spy profiles and result files.
+"""Shared helpers for the benchmarks: percentiles, timing, phases that fail alone,
+machine facts, CPU accounting and measured windows (``Meter``, ``measure_window``),
+node logs and metrics, py-spy profiles, result files, and child processes (both
+sides: ``Child``; ``emit``, ``stdin_lines``).
 
 Nodes, clients and cleanup come from ``testkit``; the chat load is ``bench/load.py``.
 """
@@ -17,9 +19,10 @@ import shutil
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -28,6 +31,12 @@ REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "bench" / "out"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"  # the node's default (IM_AMQP_URL)
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
+
+
+def say(who: str, msg: str) -> None:
+    """A progress line on stderr (stdout is for the report): ``[who] msg``."""
+    print(f"[{who}] {msg}", file=sys.stderr, flush=True)
 
 
 def utc_stamp() -> str:
@@ -47,15 +56,36 @@ def merge_counts(dicts: list[dict[Any, int]]) -> dict[Any, int]:
     return dict(sum((Counter(d) for d in dicts), Counter()))
 
 
-def latency_summary(samples: list[float], ps: tuple[float, ...] = (50, 95, 99)) -> dict[str, Any]:
-    """Milliseconds: count, the given percentiles and max."""
+def latency_summary(samples: list[float], ps: tuple[float, ...] = (50, 95, 99),
+                    mean: bool = False) -> dict[str, Any]:
+    """Milliseconds: count, the given percentiles, max (and the mean)."""
     ordered = sorted(samples)
     out: dict[str, Any] = {"count": len(ordered)}
     for p in ps:
         v = percentile(ordered, p)
         out[f"p{p:g}_ms"] = None if v is None else round(v * 1000, 2)
     out["max_ms"] = round(ordered[-1] * 1000, 2) if ordered else None
+    if mean:
+        out["mean_ms"] = round(sum(ordered) / len(ordered) * 1000, 2) if ordered else None
     return out
+
+
+async def reported(job: Awaitable[dict[str, Any]], budget: float | None = None
+                   ) -> dict[str, Any]:
+    """A phase's result within ``budget`` s, or ``{"error": "<type>: <message>"}``: a
+    failed phase is reported, and the phases after it still run."""
+    try:
+        async with asyncio.timeout(budget):
+            return await job
+    except Exception as exc:  # noqa: BLE001 - reported
+        return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
+async def timed(job: Awaitable[T]) -> tuple[float, T]:
+    """(seconds ``job`` took, its result)."""
+    t = time.perf_counter()
+    out = await job
+    return time.perf_counter() - t, out
 
 
 # -- machine -----------------------------------------------------------------
@@ -154,6 +184,54 @@ def cpu_report(before: CpuSnapshot, after: CpuSnapshot, names: dict[int, str],
     }
 
 
+def own_cpu() -> float:
+    """CPU seconds this process used so far."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+@dataclass
+class Meter:
+    """CPU of every process (from /proc) and of this one (getrusage) from now until ``stop``."""
+
+    names: dict[int, str]
+    top: int = 6
+    snap: CpuSnapshot = field(default_factory=cpu_snapshot)
+    own: float = field(default_factory=own_cpu)
+
+    def stop(self) -> tuple[float, dict[str, Any]]:
+        """(seconds, ``cpu_report`` with ``load_generator_cores``: this process)."""
+        after = cpu_snapshot()
+        seconds = after.wall - self.snap.wall
+        report = cpu_report(self.snap, after, self.names, self.top)
+        report["load_generator_cores"] = round((own_cpu() - self.own) / seconds, 3)
+        return seconds, report
+
+
+def ms_per_op(seconds: float, report: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """CPU milliseconds per operation of ``report``'s busiest processes (``n`` operations)."""
+    return [{"what": p["what"], "pid": p["pid"],
+             "ms_per_op": round(p["cores"] * seconds * 1000 / n, 3)} for p in report["top"]]
+
+
+async def measure_window(names: dict[int, str], nodes: Sequence[Any], opens_at: float,
+                         closes_at: float, gate: Callable[[bool], None],
+                         clock: Callable[[], float] = time.perf_counter, top: int = 6
+                         ) -> tuple[float, dict[str, Any], list[dict[str, Any]]]:
+    """A measured window from ``opens_at`` to ``closes_at`` (instants of ``clock``):
+    ``gate(True)`` at the start, ``gate(False)`` at the end; (seconds, the CPU of every
+    process over it, each node's ``metrics_delta`` over it)."""
+    await asyncio.sleep(max(0.0, opens_at - clock()))
+    before = await asyncio.gather(*(fetch_metrics(n.http_url) for n in nodes))
+    meter = Meter(names, top)
+    gate(True)
+    await asyncio.sleep(max(0.0, closes_at - clock()))
+    gate(False)
+    seconds, cpu = meter.stop()
+    after = await asyncio.gather(*(fetch_metrics(n.http_url) for n in nodes))
+    return seconds, cpu, [metrics_delta(b, a) for b, a in zip(before, after, strict=True)]
+
+
 # -- node logs -----------------------------------------------------------------
 def log_findings(path: Path, limit: int = 8) -> dict[str, Any]:
     """WARNING/ERROR lines of a node log: counts and the most frequent messages."""
@@ -184,6 +262,16 @@ def _log_shape(message: str) -> str:
 def py_spy_path() -> str | None:
     local = Path(sys.executable).with_name("py-spy")
     return str(local) if local.exists() else shutil.which("py-spy")
+
+
+def py_spy_later(pid: int, seconds: int, out: Path, delay: float = 0.0
+                 ) -> asyncio.Task[dict[str, Any]]:
+    """``py_spy_record`` in a task, starting ``delay`` s from now."""
+    async def later() -> dict[str, Any]:
+        await asyncio.sleep(delay)
+        return await py_spy_record(pid, seconds, out)
+
+    return asyncio.create_task(later())
 
 
 async def py_spy_record(pid: int, seconds: int, out: Path, rate: int = 100) -> dict[str, Any]:
@@ -303,6 +391,21 @@ def run_loop(coro: Any) -> Any:
 
 
 # -- child processes -------------------------------------------------------------------
+def emit(obj: dict[str, Any]) -> None:
+    """A child's answer: one JSON line on stdout."""
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+    sys.stdout.flush()
+
+
+async def stdin_lines() -> AsyncIterator[bytes]:
+    """A child's commands: the lines of its stdin, until EOF (the benchmark went away)."""
+    reader = asyncio.StreamReader()
+    await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        yield line
+
+
 def raise_fd_limit() -> int:
     """Soft RLIMIT_NOFILE up to the hard limit (children inherit it); returns it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -326,6 +429,20 @@ class Child:
                 sys.executable, "-m", *argv, cwd=REPO, env={**os.environ, **env},
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err)
         return cls(proc, log_path)
+
+    @classmethod
+    async def server(cls, log_path: Path, *argv: str) -> tuple[Child, str]:
+        """A server (``bench.room_baselines``) that prints ``READY <url>`` once it
+        listens: (the child, that URL)."""
+        child = await cls.spawn(log_path, *argv)
+        try:
+            line = (await child.readline()).decode()
+            if not line.startswith("READY "):
+                raise RuntimeError(f"{' '.join(argv)} did not start: {child.tail()}")
+        except BaseException:
+            await child.stop()
+            raise
+        return child, line.split()[1]
 
     @property
     def pid(self) -> int:

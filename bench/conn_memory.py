@@ -7,7 +7,7 @@ RabbitMQ and MongoDB-compatible server, and cleans up after itself)::
     .venv/bin/python -m bench.conn_memory              # 15,000 connections
     .venv/bin/python -m bench.conn_memory --quick      # 2,000
 
-For each server (our node, then the bare server of ``bench.idle_clients``):
+For each server (our node, then the bare server of ``bench.room_baselines idle``):
 
 1. Start it as a subprocess, and ``--clients`` client processes
    (``bench.idle_clients clients``), each holding its share of the
@@ -97,27 +97,11 @@ async def on_all(clients: list[common.Child], lines: list[str]) -> list[dict[str
                                                                            strict=True))))
 
 
-# -- servers ---------------------------------------------------------------------------
-class BareServer:
-    """``bench.room_baselines idle``: websockets' ``serve``, the handler awaits
-    ``wait_closed()``."""
-
-    def __init__(self, child: common.Child, ws_url: str) -> None:
-        self.child, self.ws_url, self.pid = child, ws_url, child.pid
-
-    @classmethod
-    async def start(cls, log_path: Path) -> BareServer:
-        child = await common.Child.spawn(log_path, "bench.room_baselines", "idle")
-        line = (await child.readline()).decode()
-        if not line.startswith("READY "):
-            await child.stop()
-            raise RuntimeError(f"bare server did not start; see {log_path}")
-        return cls(child, line.split()[1])
-
-
-async def measure(kind: str, server: Any, args: argparse.Namespace,
-                  secret: str) -> dict[str, Any]:
-    """Steps 1-5 of the module docstring against one started server."""
+# -- one server ------------------------------------------------------------------------
+async def measure(kind: str, pid: int, ws_url: str, http_url: str | None,
+                  args: argparse.Namespace, secret: str) -> dict[str, Any]:
+    """Steps 1-5 of the module docstring against one started server (``http_url``: the
+    node's, for its ``im_connections`` gauge)."""
     k = args.clients
     per_client_conc = max(1, -(-args.concurrency // k))
     prefix = f"cm{secrets.token_hex(4)}"
@@ -126,27 +110,25 @@ async def measure(kind: str, server: Any, args: argparse.Namespace,
         for i in range(k):
             clients.append(await common.Child.spawn(
                 common.OUT_DIR / f"conn-memory-{args.stamp}-{kind}-clients{i}.log",
-                "bench.idle_clients", "--url", server.ws_url, "--prefix", f"{prefix}-{i}",
+                "bench.idle_clients", "--url", ws_url, "--prefix", f"{prefix}-{i}",
                 "--concurrency", str(per_client_conc), **{SECRET_ENV: secret}))
             await clients[-1].ask(None)  # ready
-        fds0 = fd_count(server.pid)
+        fds0 = fd_count(pid)
         warm = await on_all(clients, [f"open {n}" for n in split(args.warmup, k)])
         warm_open = sum(r["open"] for r in warm)
-        before = await settled_memory(server.pid, args.settle_timeout)
-        fds_before = fd_count(server.pid)
+        before = await settled_memory(pid, args.settle_timeout)
+        fds_before = fd_count(pid)
         started = time.perf_counter()
         rest = await on_all(clients, [f"open {n}" for n in split(args.connections - args.warmup,
                                                                  k)])
         open_s = time.perf_counter() - started
         opened_after = sum(r["opened"] for r in rest)
         await asyncio.sleep(max(0.0, args.hold - (time.perf_counter() - started)))
-        after = await settled_memory(server.pid, args.settle_timeout)
-        fds_after = fd_count(server.pid)
+        after = await settled_memory(pid, args.settle_timeout)
+        fds_after = fd_count(pid)
         states = await on_all(clients, ["state"] * k)
         pings = await on_all(clients, [f"ping {n}" for n in split(args.ping_sample, k)])
-        gauge = None
-        if kind == "node":
-            gauge = (await common.fetch_metrics(server.http_url)).get("im_connections")
+        gauge = (await common.fetch_metrics(http_url)).get("im_connections") if http_url else None
     finally:
         await asyncio.gather(*(c.stop("close", 30) for c in clients), return_exceptions=True)
     held = sum(s["open"] for s in states)
@@ -158,7 +140,7 @@ async def measure(kind: str, server: Any, args: argparse.Namespace,
     delta = after["VmRSS"] - before["VmRSS"]
     per_conn = delta / opened_after if opened_after else None
     return {
-        "server": kind, "pid": server.pid, "ws_url": server.ws_url,
+        "server": kind, "pid": pid, "ws_url": ws_url,
         "connections": args.connections, "warmup_open": warm_open,
         "opened_after_baseline": opened_after, "failed": failed,
         "attempt_errors": common.merge_counts([r["attempt_errors"] for r in warm + rest]),
@@ -179,37 +161,31 @@ async def measure(kind: str, server: Any, args: argparse.Namespace,
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     r = Run(args, "conn-memory")
     ns = r.namespace("")
-    results: dict[str, Any] = {
-        "command": cli.command_line("bench.conn_memory", args.argv).strip(),
-        "machine": common.machine_facts(), "code": common.code_version(),
-        "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE), "namespace": ns,
-        "settings": {k: getattr(args, k) for k in ("connections", "warmup", "clients",
-                                                    "concurrency", "hold", "ping_sample")},
-        "servers": {}}
-    common.OUT_DIR.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE),
+                               "namespace": ns, "servers": {}}
     try:
         for kind in args.servers:
             if kind == "node":
-                server: Any = (await r.start_nodes(ns, 1, "node"))[0]
-            else:
-                server = await BareServer.start(
-                    common.OUT_DIR / f"conn-memory-{args.stamp}-{kind}.log")
+                node = (await r.start_nodes(ns, 1, "node"))[0]
+                pid, url, http = node.pid, node.ws_url, node.http_url
+            else:  # websockets' serve, the handler awaits wait_closed()
+                bare, url = await common.Child.server(
+                    common.OUT_DIR / f"conn-memory-{args.stamp}-{kind}.log",
+                    "bench.room_baselines", "idle")
+                pid, http = bare.pid, None
             try:
-                print(f"{kind}: pid {server.pid} at {server.ws_url}", file=sys.stderr)
-                res = await measure(kind, server, args, r.secret)
+                common.say("conn_memory", f"{kind}: pid {pid} at {url}")
+                res = await measure(kind, pid, url, http, args, r.secret)
             finally:
                 if kind == "node":
-                    await r.stop_nodes([server])
-                    code, log = r.nodes[-1]["exit_code"], server.log_path
+                    await r.stop_nodes([node])
+                    res.update(exit_code=r.nodes[-1]["exit_code"], log=str(node.log_path),
+                               log_findings=r.nodes[-1]["log_findings"])
                 else:
-                    code, log = await server.child.stop(), server.child.log_path
-            res["exit_code"] = code
-            res["log"] = str(log)
-            if kind == "node":
-                res["log_findings"] = r.nodes[-1]["log_findings"]
+                    res.update(exit_code=await bare.stop(), log=str(bare.log_path))
             results["servers"][kind] = res
-            print(f"{kind}: {res['bytes_per_conn']} bytes/conn, verified={res['verified']}",
-                  file=sys.stderr)
+            common.say("conn_memory", f"{kind}: {res['bytes_per_conn']} bytes/conn, "
+                       f"verified={res['verified']}")
     finally:
         if "node" in args.servers:
             results["cleanup"] = (await r.cleanup())[ns]
@@ -272,27 +248,23 @@ def report(res: dict[str, Any]) -> str:
                      f"{res['fd_limit'][1]:,} {allows} it)")
     if node := res["servers"].get("node"):
         lines += node_lines([{"name": "node", **node}])
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.conn_memory", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--connections", type=int, default=TARGET_CONNECTIONS,
-                   help="idle connections per server, warm-up included (default 15000)")
+    p = cli.new_parser("bench.conn_memory", __doc__, (
+        ("--connections", int, TARGET_CONNECTIONS, "idle connections per server, warm-up included"),
+        ("--clients", int, 3, "client processes"),
+        ("--concurrency", int, 200, "handshakes at once, in all"),
+        ("--hold", float, 25.0, "seconds from the first connection after the baseline to the "
+                                "measurement; 25: one keepalive ping round"),
+        ("--settle-timeout", float, 60.0, "seconds RSS may take to settle"),
+        ("--ping-sample", int, 300, "connections pinged at the end"),
+        ("--servers", str, "node,bare", "which to measure, in order")))
     p.add_argument("--quick", action="store_true", help="2,000 connections, 10 s hold")
     p.add_argument("--warmup", type=int, default=None,
                    help="connections opened before the baseline (default 5%%, at least 100)")
-    p.add_argument("--clients", type=int, default=3, help="client processes (default 3)")
-    p.add_argument("--concurrency", type=int, default=200, help="handshakes at once, in all")
-    p.add_argument("--hold", type=float, default=25.0,
-                   help="seconds from the first connection after the baseline to the "
-                        "measurement (default 25: one keepalive ping round)")
-    p.add_argument("--settle-timeout", type=float, default=60.0)
-    p.add_argument("--ping-sample", type=int, default=300, help="connections pinged at the end")
-    p.add_argument("--servers", default="node,bare", help="which to measure, in order")
-    cli.add_store_urls(p)
-    args = p.parse_args(argv)
+    args = cli.parse(p, argv)
     if args.quick:
         args.connections = 2000
         args.hold = min(args.hold, 10.0)
@@ -303,7 +275,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--servers takes node and/or bare")
     if not 0 < args.warmup < args.connections or args.clients < 1 or args.concurrency < 1:
         p.error("need 0 < --warmup < --connections, --clients >= 1, --concurrency >= 1")
-    cli.check_loopback(p, [args.mongo_url, args.redis_url, args.amqp_url])
     limit = common.raise_fd_limit()
     if args.connections + FD_MARGIN > limit:
         p.error(f"{args.connections} connections need more than the fd limit {limit} "
@@ -314,12 +285,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    res = cli.execute(parse_args(argv), argv, run, "conn-memory")
-    if res is None:
-        return 130
-    print(report(res))
-    print(f"JSON: {res['json']}")
-    return 0 if all(r["verified"] for r in res["servers"].values()) else 1
+    return cli.main("bench.conn_memory", argv, parse_args, run, report, lambda res: not all(
+        r["verified"] for r in res["servers"].values()))
 
 
 if __name__ == "__main__":

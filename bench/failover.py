@@ -12,15 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import time
 from collections import Counter
 from typing import Any
 
 from bench import common
-from bench.cluster import NODES, Run
-from bench.load import Meter
-from bench.report import fmt, md_table, profile_section
+from bench.cluster import NODES, Run, process_names
+from bench.report import fmt, lat, md_table, profile_section
 from testkit.soak import Endpoint, Soak, SoakUser
 
 DRAIN_S = 10.0  # bound on finishing the sends in flight after the stop
@@ -150,8 +148,7 @@ async def failover_phase(args: argparse.Namespace, run: Run) -> dict[str, Any]:
                 [f"{ns}-f-u{i}" for i in range(n)], run.secret,
                 interval=args.failover_interval, ack_timeout=10.0, sync_on_connect=False,
                 sync_concurrency=2)
-    names = {os.getpid(): "load generator (this process)"}
-    names |= {x.pid: f"node {i} {x.name}" for i, x in enumerate(nodes)}
+    names = process_names(nodes)
     res: dict[str, Any] = {"namespace": ns, "nodes": [x.name for x in nodes],
                            "victim": nodes[victim].name, "users": n,
                            "interval_s": args.failover_interval,
@@ -160,17 +157,16 @@ async def failover_phase(args: argparse.Namespace, run: Run) -> dict[str, Any]:
         await soak.connect_all(50)
         t_start = soak.start()
         await asyncio.sleep(1.05)
-        meter = Meter(names)
+        meter = common.Meter(names)
         await asyncio.sleep(max(0.0, t_start + args.failover_before - time.perf_counter()))
         res["cpu_before_kill"] = meter.stop()[1]
         soak.endpoints[victim].up = False
         t_kill = time.perf_counter()
         nodes[victim].kill()
-        meter = Meter(names)
-        profile = None
-        if args.profile:  # a survivor, for the seconds right after the kill
-            out = common.OUT_DIR / f"pyspy-multinode-{args.stamp}.txt"
-            profile = asyncio.create_task(common.py_spy_record(nodes[1].pid, 4, out))
+        meter = common.Meter(names)
+        profile = (common.py_spy_later(  # a survivor, for the seconds right after the kill
+            nodes[1].pid, 4, common.OUT_DIR / f"pyspy-multinode-{args.stamp}.txt")
+            if args.profile else None)
         with contextlib.suppress(TimeoutError):
             res["victim_exit_code"] = await nodes[victim].wait(5)
         await asyncio.sleep(max(0.0, t_kill + args.failover_after - time.perf_counter()))
@@ -241,8 +237,7 @@ def failover_lines(f: dict[str, Any]) -> list[str]:
              ", ".join(f"{k}={v}" for k, v in c["connect_failures"].items()) or "none"],
             ["final sync", f"{fs['users']} users, {fs['pages']} pages in "
                            f"{fmt(fs['seconds'])} s (page p50 / p99 "
-                           f"{fmt(fs['page_latency']['p50_ms'])} / "
-                           f"{fmt(fs['page_latency']['p99_ms'])} ms), 503s retried: "
+                           f"{lat(fs['page_latency'])} ms), 503s retried: "
                            f"{fs['retries_after_503']}, failures: {fs['failures'] or 'none'}"],
             ["synced users: their acked messages (in or out) absent from the sync",
              f"{c['synced_acked_absent']} (over {c['synced_users']} users)"]]

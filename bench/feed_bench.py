@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,7 +34,7 @@ import redis.asyncio as aioredis
 
 from bench import cli, common
 from bench.cluster import Run
-from bench.report import fmt, header_lines, md_table, node_lines
+from bench.report import fmt, header_lines, lat, md_table, node_lines
 from router.timeline_fanout import FANOUT_CHUNK
 from store.counters_redis import CountersRedis
 from store.feed_mongo import FEED_INDEXES, tl_id
@@ -44,25 +44,20 @@ from store.keys import Keys
 from store.mongo_client import connect_mongo
 from store.posts_mongo import PostsMongo
 from store.timeline_mongo import TimelineMongo
-from testkit.http import HttpError, HttpUsers
+from testkit.http import HttpUsers
 from testkit.nodes import NodeProcess
+from testkit.poll import bounded
 
 SEED_002_S = 16.3  # seed 002: average time until 5,000 timelines have a post (PostgreSQL)
 CONCURRENCY = 50
 LIMIT = 50
 SERVICES = ("secantusd", "redis-server", "beam.smp", "epmd", "mongod", "nats-server")
-
-
-def log(msg: str) -> None:
-    print(f"[feed_bench] {msg}", file=sys.stderr, flush=True)
+log = functools.partial(common.say, "feed_bench")
+summary = functools.partial(common.latency_summary, mean=True)
 
 
 def ms(seconds: float) -> float:
     return round(seconds * 1000, 2)
-
-
-def summary(samples: list[float]) -> dict[str, Any]:
-    return {**common.latency_summary(samples), "mean_ms": ms(statistics.fmean(samples))}
 
 
 class Http:
@@ -78,40 +73,18 @@ class Http:
 
     async def call(self, method: str, user: str, path: str, body: Any = None
                    ) -> tuple[float, Any]:
-        """(seconds, decoded answer); raises unless 200."""
-        for attempt in range(3):
-            t = time.perf_counter()
+        """(seconds, decoded answer); HttpError unless 200."""
+        for _ in range(2):
             try:
-                r = await self.users[user].request(method, path, json=body)
-                break
+                return await common.timed(self.users[user].ok(method, path, json=body))
             except httpx.TransportError as exc:
                 self.retries += 1
                 log(f"{method} {path}: {type(exc).__name__} {exc}; retrying")
-                if attempt == 2:
-                    raise
-        took = time.perf_counter() - t
-        if r.status_code != 200:
-            raise HttpError(r)
-        return took, r.json()
+        return await common.timed(self.users[user].ok(method, path, json=body))
 
     async def post(self, user: str, text: str) -> tuple[float, int]:
         took, body = await self.call("POST", user, "/v1/posts", {"text": text})
         return took, int(body["post"]["id"])
-
-
-async def timed(step: Callable[[], Awaitable[Any]]) -> float:
-    t = time.perf_counter()
-    await step()
-    return time.perf_counter() - t
-
-
-async def bounded(jobs: list[Awaitable[Any]], limit: int = CONCURRENCY) -> list[Any]:
-    sem = asyncio.Semaphore(limit)
-
-    async def one(job: Awaitable[Any]) -> Any:
-        async with sem:
-            return await job
-    return list(await asyncio.gather(*(one(j) for j in jobs)))
 
 
 class Bench:
@@ -135,22 +108,21 @@ class Bench:
     async def phase(self, name: str, job: Awaitable[Any], budget: float) -> Any:
         """Run ``job`` within ``budget`` seconds; note its wall time and CPU."""
         log(f"{name} ...")
-        before = common.cpu_snapshot()
+        meter = common.Meter(self.names, top=12)
         async with asyncio.timeout(budget):
             out = await job
-        after = common.cpu_snapshot()
-        cpu = common.cpu_report(before, after, self.names, top=12)
+        seconds, cpu = meter.stop()
         others = [p for p in cpu["top"] if str(p["pid"]) not in cpu["by_pid"]
                   and not any(s in p["what"] for s in SERVICES)]
-        self.cpu.append({"phase": name, "seconds": round(after.wall - before.wall, 2), **cpu,
+        self.cpu.append({"phase": name, "seconds": round(seconds, 2), **cpu,
                          "other_cores": round(sum(p["cores"] for p in others), 2),
                          "other_top": others[:3]})
-        log(f"{name}: {after.wall - before.wall:.1f} s")
+        log(f"{name}: {seconds:.1f} s")
         return out
 
     async def follow(self, http: Http, pairs: list[tuple[str, str]]) -> float:
         t = time.perf_counter()
-        await bounded([http.call("POST", u, f"/v1/follow/{o}") for u, o in pairs])
+        await bounded((http.call("POST", u, f"/v1/follow/{o}") for u, o in pairs), CONCURRENCY)
         return round(time.perf_counter() - t, 2)
 
     async def settled(self, ns: str, timeout: float = 600) -> None:
@@ -170,7 +142,7 @@ class Bench:
                                                                        for s in fill])
         _, prof = await http.call("GET", fans[0], "/v1/users/au")
         self.fill_posts = [p for _, p in await bounded(
-            [http.post(s, f"fill post of {s}") for s in fill], 10)]
+            (http.post(s, f"fill post of {s}") for s in fill), 10)]
         await self.settled(self.ns_a)
         return {"follows": len(fans) + len(fill), "follow_s": follow_s,
                 "follows_per_s": round((len(fans) + len(fill)) / follow_s, 1),
@@ -224,8 +196,8 @@ class Bench:
                 for u in chunk:
                     pipe.hincrby(scratch, u, 1)
                 docs = [{"_id": tl_id(u, post), "u": u, "p": post, "a": "au"} for u in chunk]
-                t["insert"] += await timed(lambda d=docs: coll.insert_many(d, ordered=False))
-                t["redis"] += await timed(pipe.execute)
+                t["insert"] += (await common.timed(coll.insert_many(docs, ordered=False)))[0]
+                t["redis"] += (await common.timed(pipe.execute()))[0]
             reps.append(t)
         await self.mongo.drop_database(self.raw_db)
         await self.redis.delete(scratch)
@@ -290,7 +262,7 @@ class Bench:
              lambda: counters.counts(docs))]
         out = []
         for label, n, used, step in steps:
-            samples = [await timed(step) for _ in range(reps)]
+            samples = [(await common.timed(step()))[0] for _ in range(reps)]
             out.append({"query": label, "n": n, "in_read": used, "max_ms": ms(max(samples)),
                         "p50_ms": ms(statistics.median(samples))})
         return out
@@ -332,8 +304,8 @@ class Bench:
 
 
 # -- report ---------------------------------------------------------------------------
-def _lat(s: dict[str, Any]) -> str:
-    return " / ".join(fmt(s.get(k)) for k in ("p50_ms", "mean_ms", "p99_ms", "max_ms"))
+def lat4(s: dict[str, Any]) -> str:
+    return lat(s, "p50 mean p99 max")
 
 
 def render(res: dict[str, Any]) -> str:
@@ -351,8 +323,8 @@ def render(res: dict[str, Any]) -> str:
         w = [p for p in f["posts"] if p["warmup"]]
         lines += [f"## 1. Fan-out: {s['posts']} posts, {fmt(s['followers'])} followers", ""]
         lines += md_table(head, [
-            ["POST /v1/posts (request -> response)", _lat(f["post"])],
-            [f"request -> all {fmt(s['followers'])} timelines have it", _lat(f["all_timelines"])],
+            ["POST /v1/posts (request -> response)", lat4(f["post"])],
+            [f"request -> all {fmt(s['followers'])} timelines have it", lat4(f["all_timelines"])],
             [f"all {fmt(f['expected_entries'])} entries (followers + author) present",
              "yes" if f["complete"] else "**NO**"],
             ["seed 002 (PostgreSQL) average", f"{SEED_002_S * 1000:,.0f}"],
@@ -363,10 +335,10 @@ def render(res: dict[str, Any]) -> str:
         lines += [f"## 2. Raw store: {fmt(r['docs'])} docs per rep, {s['raw_reps']} reps, "
                   "no node", ""]
         lines += md_table(head, [
-            [f"insert_many of {FANOUT_CHUNK} (w=majority, j=true), sum", _lat(r["insert"])],
-            ["read the follower pages (fans), sum", _lat(r["fans_read"])],
-            [f"Redis pipelines of {FANOUT_CHUNK} HINCRBY, sum", _lat(r["redis"])],
-            ["all three, sequential (a fan-out's store work)", _lat(r["total"])],
+            [f"insert_many of {FANOUT_CHUNK} (w=majority, j=true), sum", lat4(r["insert"])],
+            ["read the follower pages (fans), sum", lat4(r["fans_read"])],
+            [f"Redis pipelines of {FANOUT_CHUNK} HINCRBY, sum", lat4(r["redis"])],
+            ["all three, sequential (a fan-out's store work)", lat4(r["total"])],
             ["insert docs/s", r["docs_per_s"]],
             ["fan-out p50 / raw (all three) p50", round(
                 f["all_timelines"]["p50_ms"] / r["total"]["p50_ms"], 2) if f else "-"]])
@@ -379,8 +351,8 @@ def render(res: dict[str, Any]) -> str:
             for label, get in (
                 ("timeline posts", lambda t: f"{t['timeline_posts']}: {t.get('setup', '-')}"),
                 ("cold first call", lambda t: t["cold_ms"]),
-                ("page 1 (limit 50)", lambda t: _lat(t["page1"])),
-                ("page 2 (cursor)", lambda t: _lat(t["page2"])),
+                ("page 1 (limit 50)", lambda t: lat4(t["page1"])),
+                ("page 2 (cursor)", lambda t: lat4(t["page2"])),
                 ("pulled posts on page 1 / 2", lambda t: " / ".join(map(str, t["pulled_on_page"]))),
                 ("pages checked / problems", lambda t: f"{2 * t['page1']['count']} / "
                  f"{'; '.join(t['problems']) or 'none'}"))])
@@ -398,34 +370,29 @@ def render(res: dict[str, Any]) -> str:
          for c in res["cpu"]])
     lines += node_lines(res["nodes"])
     return "\n".join(lines + [f"- HTTP requests retried after a transport error: "
-                               f"{res['http_retries']}", f"- results: `{res.get('json')}`"])
+                               f"{res['http_retries']}"])
 
 
 # -- main ------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.feed_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    for flag, kind, default, what in (
-            ("--followers", int, 5000, "followers of the fan-out author"),
-            ("--posts", int, 10, "measured fan-out posts"),
-            ("--warmup-posts", int, 1, "unmeasured fan-out posts first"),
-            ("--fill", int, 150, "authors (1 post each) the reader of 3a also follows"),
-            ("--poll-ms", float, 10.0, "fan-out completion poll interval"),
-            ("--raw-reps", int, 5, "raw store repetitions"),
-            ("--authors", int, 200, "authors the reader of 3b follows"),
-            ("--big", int, 5, "of them above node B's push threshold"),
-            ("--big-followers", int, 60, "followers of each big author"),
-            ("--author-posts", int, 3, "posts per author in 3b"),
-            ("--pull-max", int, 50, "node B's IM_FEED_PUSH_MAX"),
-            ("--repeat", int, 200, "timeline reads (page 1 + page 2) per reader")):
-        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+    p = cli.new_parser("bench.feed_bench", __doc__, (
+        ("--followers", int, 5000, "followers of the fan-out author"),
+        ("--posts", int, 10, "measured fan-out posts"),
+        ("--warmup-posts", int, 1, "unmeasured fan-out posts first"),
+        ("--fill", int, 150, "authors (1 post each) the reader of 3a also follows"),
+        ("--poll-ms", float, 10.0, "fan-out completion poll interval"),
+        ("--raw-reps", int, 5, "raw store repetitions"),
+        ("--authors", int, 200, "authors the reader of 3b follows"),
+        ("--big", int, 5, "of them above node B's push threshold"),
+        ("--big-followers", int, 60, "followers of each big author"),
+        ("--author-posts", int, 3, "posts per author in 3b"),
+        ("--pull-max", int, 50, "node B's IM_FEED_PUSH_MAX"),
+        ("--repeat", int, 200, "timeline reads (page 1 + page 2) per reader")))
     p.add_argument("--quick", action="store_true",
                    help="500 followers, 3 posts, 120 fill, 60 authors, 30 reads, 2 raw reps")
-    cli.add_store_urls(p)
-    a = p.parse_args(argv)
+    a = cli.parse(p, argv)
     if a.quick:
         a.followers, a.posts, a.fill, a.authors, a.repeat, a.raw_reps = 500, 3, 120, 60, 30, 2
-    cli.check_loopback(p, [a.mongo_url, a.redis_url, a.amqp_url])
     if (min(a.followers, a.posts, a.repeat, a.raw_reps, a.big, a.author_posts, a.poll_ms) <= 0
             or a.big > a.authors or a.big_followers <= a.pull_max or a.warmup_posts
             < 0 or min(a.fill + a.posts + a.warmup_posts, a.authors * a.author_posts) <= 2 * LIMIT):
@@ -436,11 +403,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     b, a = Bench(args), args
-    res: dict[str, Any] = {
-        "command": cli.command_line("bench.feed_bench", a.argv).rstrip(), "utc": a.stamp,
-        "machine": common.machine_facts(), "code": a.code, "namespaces": [b.ns_a, b.ns_b],
-        "settings": {k: v for k, v in vars(a).items() if k not in ("argv", "code", "stamp")},
-        "cpu": b.cpu, "nodes": b.run.nodes}
+    res: dict[str, Any] = {"namespaces": [b.ns_a, b.ns_b], "cpu": b.cpu, "nodes": b.run.nodes}
     try:
         http = await b.start_node(b.ns_a, "A")
         res["fanout_setup"] = await b.phase("fan-out setup", b.fanout_setup(http),
@@ -471,11 +434,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    res = cli.execute(parse_args(argv), argv, run, "feed")
-    if res is None:
-        return 130
-    print(render(res))
-    return 1 if "error" in res else 0
+    return cli.main("bench.feed_bench", argv, parse_args, run, render, lambda res: "error" in res)
 
 
 if __name__ == "__main__":

@@ -42,50 +42,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
-import sys
 import time
+from collections import Counter
 from typing import Any
 
 import orjson
 
 from bench import cli, common
+from bench import group_support as gs
 from bench.cluster import Run
-from bench.group_support import (
-    Probe,
-    Pushes,
-    check_ack,
-    conv_rows,
-    cost_rows,
-    cpu_ms,
-    create_group,
-    delta,
-    detail_rows,
-    flatness,
-    group_send,
-    idle_rates,
-    ms,
-    naive_hincrby,
-    open_device,
-    per_msg_costs,
-    send,
-    send_twice,
-    timed_get,
-    unexpected,
-)
-from bench.report import fmt, header_lines, md_table, node_lines
+from bench.report import cleanup_line, fmt, header_lines, md_table, node_lines
 from gateway.config import Settings
 from testkit.device import Device
 from testkit.http import HttpUsers
 from testkit.namespace import drop_namespace
 from testkit.nodes import NodeProcess
+from testkit.poll import bounded
 
 TEXT = "hello from the group benchmark, a short line of text"
 CONV_WARMUP = 5
-
-
-def log(msg: str) -> None:
-    print(f"[group_bench] {msg}", file=sys.stderr, flush=True)
+log = functools.partial(common.say, "group_bench")
 
 
 class Bench:
@@ -96,7 +74,7 @@ class Bench:
         self.naive_prefix = self.run.base + "nv"
         self.node: NodeProcess | None = None
         self.http: HttpUsers | None = None
-        self.probe = Probe(args.redis_url, args.mongo_url, self.ns)
+        self.probe = gs.Probe(args.redis_url, args.mongo_url, self.ns)
         self.names = {os.getpid(): "load generator (this process)"}
 
     async def start(self) -> None:
@@ -107,7 +85,7 @@ class Bench:
 
     async def devices(self, users: list[str]) -> list[Device]:
         assert self.node is not None
-        return list(await asyncio.gather(*(open_device(self.node.ws_url, self.run.secret, u)
+        return list(await asyncio.gather(*(gs.open_device(self.node.ws_url, self.run.secret, u)
                                            for u in users)))
 
     async def drop_naive(self) -> Any:
@@ -122,7 +100,7 @@ class Bench:
         owner, members = f"o{size}", [f"m{size}-{i}" for i in range(size - 1)]
         mode = "write" if size <= a.wd_max else "read"
         t = time.perf_counter()
-        group = await create_group(http, owner, f"bench {size}", members)
+        group = await gs.create_group(http, owner, f"bench {size}", members)
         setup_s = time.perf_counter() - t
         sender, *listeners = await self.devices([owner, *members[:a.listeners]])
         try:
@@ -136,7 +114,7 @@ class Bench:
         first: float | None = None
         for i in range(self.args.warmup_msgs):
             t = time.perf_counter()
-            check_ack(await group_send(sender, group, f"w{i}", TEXT), "warm-up send")
+            gs.check_ack(await gs.group_send(sender, group, f"w{i}", TEXT), "warm-up send")
             first = first or time.perf_counter() - t
         await asyncio.sleep(0.3)  # the warm-up's pushes
         tries = await self.quietest(lambda k: self._attempt(k, group, sender, listeners))
@@ -160,35 +138,34 @@ class Bench:
                        ) -> dict[str, Any]:
         n = self.args.messages
         for d in listeners:
-            d.on_push = Pushes(counting=True)
+            d.on_push = gs.Pushes(counting=True)
         docs0 = await self.probe.docs()
-        cpu0, c0 = common.cpu_snapshot(), await self.probe.counters()
+        meter, c0 = common.Meter(self.names, top=5), await self.probe.counters()
         lat: list[float] = []
-        errors: dict[str, int] = {}
+        errors: Counter[str] = Counter()
         seqs: list[int] = []
         for i in range(n):
-            t = time.perf_counter()
-            reply = await group_send(sender, group, f"a{k}m{i}", TEXT)
+            took, reply = await common.timed(gs.group_send(sender, group, f"a{k}m{i}", TEXT))
             if reply.get("op") == "ack":
-                lat.append(time.perf_counter() - t)
+                lat.append(took)
                 seqs.append(int(reply["seq"]))
             else:
-                errors[str(reply.get("code"))] = errors.get(str(reply.get("code")), 0) + 1
-        c1, cpu1 = await self.probe.counters(), common.cpu_snapshot()
+                errors[str(reply.get("code"))] += 1
+        c1, (cpu_s, cpu) = await self.probe.counters(), meter.stop()
         docs1 = await self.probe.docs()
         await asyncio.sleep(0.5)  # pushes still on their way
-        pushes: list[Pushes] = [d.on_push for d in listeners]  # type: ignore[misc]
+        pushes: list[gs.Pushes] = [d.on_push for d in listeners]  # type: ignore[misc]
         for p in pushes:
             p.counting = False
-        window = delta(c0, c1)
-        idle = await idle_rates(self.probe, min(window["seconds"], self.args.idle_max))
-        res = {"messages": n, "acked": len(lat), "errors": errors,
+        window = gs.delta(c0, c1)
+        idle = await gs.idle_rates(self.probe, min(window["seconds"], self.args.idle_max))
+        res = {"messages": n, "acked": len(lat), "errors": dict(errors),
                "seq_contiguous": bool(seqs) and seqs == list(range(seqs[0], seqs[0] + n)),
-               "ack": ms(common.latency_summary(lat), lat),
+               "ack": common.latency_summary(lat, mean=True),
                "window_s": round(window["seconds"], 3), "idle": idle,
-               **per_msg_costs(window, idle, n),
+               **gs.per_msg_costs(window, idle, n),
                "docs_per_msg": {c: (docs1[c] - docs0[c]) / n for c in docs0},
-               "cpu_ms_per_msg": cpu_ms(cpu0, cpu1, n, self.names),
+               "cpu_ms_per_msg": common.ms_per_op(cpu_s, cpu, n),
                "foreign_clients": await self.foreign(time.perf_counter() - c0.wall)}
         res["mongo_docs_per_msg"] = (res["docs_per_msg"]["group_msgs"]
                                      + res["docs_per_msg"]["boxes"])
@@ -197,7 +174,7 @@ class Bench:
                          "received": sum(p.count for p in pushes),
                          "latency": common.latency_summary(push_lat),
                          "unexpected_frames": {k: v for d in (sender, *listeners)
-                                               for k, v in unexpected(d).items()}}
+                                               for k, v in gs.unexpected(d).items()}}
         return res
 
     async def foreign(self, seconds: float) -> list[str]:
@@ -207,13 +184,13 @@ class Bench:
                      ) -> dict[str, Any]:
         n = self.args.messages
         c0 = await self.probe.counters()
-        took = await naive_hincrby(self.probe.redis, self.naive_prefix, group, members, n)
-        d = delta(c0, await self.probe.counters())
+        took = await gs.naive_hincrby(self.probe.redis, self.naive_prefix, group, members, n)
+        d = gs.delta(c0, await self.probe.counters())
         bg = sum(idle["redis"].values()) * d["seconds"]
         return {"redis_cmds_per_msg": (sum(d["redis"].values()) - bg) / n,
                 "hincrby_per_msg": d["redis"].get("hincrby", 0) / n,
                 "foreign_clients": await self.foreign(d["seconds"]),
-                "time": ms(common.latency_summary(took), took)}
+                "time": common.latency_summary(took, mean=True)}
 
     # -- 2. conversations ----------------------------------------------------------
     async def conversations_phase(self) -> dict[str, Any]:
@@ -221,27 +198,22 @@ class Bench:
         assert http is not None
         main, base, helpers = "cv-main", "cv-base", min(10, a.groups)
         t = time.perf_counter()
-        sem = asyncio.Semaphore(8)
-
-        async def make(i: int) -> tuple[int, str]:
-            async with sem:
-                return i, await create_group(http, f"cvh{i % helpers}", f"cv {i}",
-                                             [main, f"cvx{i % helpers}"])
-
-        groups = await asyncio.gather(*(make(i) for i in range(a.groups)))
+        groups = list(enumerate(await bounded((gs.create_group(
+            http, f"cvh{i % helpers}", f"cv {i}", [main, f"cvx{i % helpers}"])
+            for i in range(a.groups)), 8)))
         senders = await self.devices([f"cvh{j}" for j in range(helpers)])
         peers = await self.devices([f"cvp{j}" for j in range(a.peers)])
         try:
-            await asyncio.gather(*(send_twice(d, [g for i, g in groups if i % helpers == j], TEXT)
-                                   for j, d in enumerate(senders)))
+            await asyncio.gather(*(gs.send_twice(d, [g for i, g in groups if i % helpers == j],
+                                                 TEXT) for j, d in enumerate(senders)))
             for k in range(2):
-                for r in await asyncio.gather(*(send(p, base, f"b{k}", TEXT) for p in peers)):
-                    check_ack(r, "1:1 send")
+                for r in await asyncio.gather(*(gs.send(p, base, f"b{k}", TEXT) for p in peers)):
+                    gs.check_ack(r, "1:1 send")
         finally:
             await asyncio.gather(*(d.close() for d in (*senders, *peers)))
         setup_s = time.perf_counter() - t
         await asyncio.sleep(1.0)
-        idle = await idle_rates(self.probe, min(5.0, a.idle_max))
+        idle = await gs.idle_rates(self.probe, min(5.0, a.idle_max))
         out = [await self._conv_block(main, a.groups, 0, 2 * a.groups, idle),
                await self._conv_block(base, 0, a.peers, 2 * a.peers, idle)]
         return {"setup_s": round(setup_s, 2), "idle": idle, "users": out}
@@ -250,10 +222,10 @@ class Bench:
                           idle: dict[str, Any]) -> dict[str, Any]:
         assert self.http is not None
         c0 = await self.probe.counters()
-        cold, _ = await timed_get(self.http, user, "/v1/conversations")
-        first = delta(c0, await self.probe.counters())
+        cold, _ = await gs.timed_get(self.http, user, "/v1/conversations")
+        first = gs.delta(c0, await self.probe.counters())
         for _ in range(CONV_WARMUP - 1):
-            await timed_get(self.http, user, "/v1/conversations")
+            await gs.timed_get(self.http, user, "/v1/conversations")
         best = await self.quietest(lambda _k: self._conv_attempt(user, expected, idle))
         return {"user": user, "groups": groups, "one_to_one": convs,
                 "cold_ms": round(cold * 1000, 2), "cold_mongo": first["mongo"],
@@ -263,31 +235,30 @@ class Bench:
                             ) -> dict[str, Any]:
         assert self.http is not None
         n = self.args.repeat
-        cpu0, c0 = common.cpu_snapshot(), await self.probe.counters()
+        meter, c0 = common.Meter(self.names, top=5), await self.probe.counters()
         lat: list[float] = []
         sizes: list[int] = []
         wrong: list[int] = []
         rows = 0
         for _ in range(n):
-            took, body = await timed_get(self.http, user, "/v1/conversations")
+            took, body = await gs.timed_get(self.http, user, "/v1/conversations")
             lat.append(took)
             sizes.append(len(body))
             doc = orjson.loads(body)
             rows = len(doc["conversations"])
             if doc["total_unread"] != expected:
                 wrong.append(doc["total_unread"])
-        d = delta(c0, await self.probe.counters())
-        cpu1 = common.cpu_snapshot()
+        d, (cpu_s, cpu) = gs.delta(c0, await self.probe.counters()), meter.stop()
         bg = sum(idle["redis"].values()) * d["seconds"]
         return {"calls": n, "rows": rows, "bytes": max(sizes),
-                "latency": ms(common.latency_summary(lat), lat),
+                "latency": common.latency_summary(lat, mean=True),
                 "expected_total_unread": expected,
                 "total_unread_ok": not wrong, "wrong_totals": sorted(set(wrong))[:5],
                 "redis_cmds_per_call": (sum(d["redis"].values()) - bg) / n,
                 "redis_top_per_call": sorted(((c, round(v / n, 2)) for c, v in
                                               d["redis"].items()), key=lambda kv: -kv[1])[:4],
                 "mongo_ops_per_call": {c: round(v / n, 3) for c, v in d["mongo"].items()},
-                "cpu_ms_per_call": cpu_ms(cpu0, cpu1, n, self.names),
+                "cpu_ms_per_call": common.ms_per_op(cpu_s, cpu, n),
                 "foreign_clients": await self.foreign(time.perf_counter() - c0.wall)}
 
     async def close(self) -> dict[str, Any]:
@@ -318,7 +289,7 @@ def render(res: dict[str, Any]) -> str:
     lines += md_table(["size", "mode", "ack p50/p99 ms", "Redis cmds/msg", "Mongo writes/msg",
                        "Mongo docs/msg", "naive HINCRBY cmds/msg", "naive ms/msg",
                        "Redis quiet"],
-                      cost_rows(res))
+                      gs.cost_rows(res))
     lines += [f"**Flat above the threshold: {f['verdict']}**" + (
         f" ({f['sizes'][0]:,} vs {f['sizes'][1]:,} members: Redis cmds/msg x"
         f"{fmt(f['ratios']['redis_cmds_per_msg'])}, Mongo writes/msg x"
@@ -328,44 +299,38 @@ def render(res: dict[str, Any]) -> str:
     lines += md_table(["size", "ack mean ms", "ack max ms", "first send ms", "node CPU ms/msg",
                        "store CPU ms/msg", "Redis top cmds/msg", "Mongo writes/msg by collection",
                        "pushes recv/exp", "push p50/p99 ms", "acked", "setup s"],
-                      detail_rows(res))
+                      gs.detail_rows(res))
     lines += ["## 2. GET /v1/conversations", ""]
     lines += [f"error: {conv['error']}", ""] if "error" in conv else []
     lines += md_table(["user", "rows", "bytes", "cold ms (1st call)", "p50 ms", "p99 ms", "max ms",
                        "mean ms", "Redis cmds/call", "node CPU ms/call", "total_unread ok",
                        "Redis quiet"],
-                      conv_rows(conv))
+                      gs.conv_rows(conv))
     lines += ["## Node", ""] + node_lines(res.get("nodes", []))
-    return "\n".join(lines + [f"- cleanup: {res.get('cleanup')}", "",
-                              f"Results: `{res['json']}`"])
+    return "\n".join(lines + [f"- {cleanup_line(res.get('cleanup', {}))}"])
 
 
 # -- main ----------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.group_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.new_parser("bench.group_bench", __doc__, (
+        ("--messages", int, 200, "measured sends per size"),
+        ("--warmup-msgs", int, 5, "unmeasured sends first"),
+        ("--listeners", int, 3, "members connected per group"),
+        ("--idle-max", float, 15.0, "max seconds of each idle window"),
+        ("--attempts", int, 3, "tries of a measurement while other Redis clients are busy"),
+        ("--groups", int, 500, "groups of the conversations user"),
+        ("--peers", int, 20, "1:1 conversations of the baseline user"),
+        ("--repeat", int, 200, "GET /v1/conversations calls per user")))
     p.add_argument("--sizes", type=int, nargs="+", default=[10, 1000, 10000],
                    help="group sizes, owner included (default 10 1000 10000)")
-    for flag, kind, default, what in (
-            ("--messages", int, 200, "measured sends per size"),
-            ("--warmup-msgs", int, 5, "unmeasured sends first"),
-            ("--listeners", int, 3, "members connected per group"),
-            ("--idle-max", float, 15.0, "max seconds of each idle window"),
-            ("--attempts", int, 3, "tries of a measurement while other Redis clients are busy"),
-            ("--groups", int, 500, "groups of the conversations user"),
-            ("--peers", int, 20, "1:1 conversations of the baseline user"),
-            ("--repeat", int, 200, "GET /v1/conversations calls per user")):
-        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
     p.add_argument("--wd-max", type=int, default=Settings.group_write_diffusion_max,
                    help="the node's IM_GROUP_WRITE_DIFFUSION_MAX (default: node default, "
                    f"{Settings.group_write_diffusion_max})")
     p.add_argument("--quick", action="store_true",
                    help="sizes 10 200 1000, 30 messages, 50 groups, 30 calls")
-    cli.add_store_urls(p)
-    args = p.parse_args(argv)
+    args = cli.parse(p, argv)
     if args.quick:
         args.sizes, args.messages, args.groups, args.repeat = [10, 200, 1000], 30, 50, 30
-    cli.check_loopback(p, [args.mongo_url, args.redis_url, args.amqp_url])
     if min(args.sizes) < 2 or max(args.sizes) > Settings.group_max_members or min(
             args.messages, args.repeat, args.groups, args.peers, args.attempts) < 1 or min(
             args.listeners, args.warmup_msgs, args.wd_max) < 0 or args.idle_max <= 0:
@@ -377,13 +342,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     b = Bench(args)
-    res: dict[str, Any] = {
-        "command": cli.command_line("bench.group_bench", args.argv).rstrip(), "utc": args.stamp,
-        "machine": common.machine_facts(), "code": args.code, "namespace": b.ns,
-        "settings": {k: getattr(args, k) for k in (
-            "sizes", "messages", "warmup_msgs", "listeners", "idle_max", "attempts", "groups",
-            "peers", "repeat", "wd_max", "mongo_url", "redis_url")},
-        "sizes": [], "nodes": b.run.nodes}
+    res: dict[str, Any] = {"namespace": b.ns, "sizes": [], "nodes": b.run.nodes}
     try:
         res["servers"] = await b.probe.info()
         await b.start()
@@ -391,34 +350,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         res["node_name"], res["node_log"] = b.node.name, str(b.node.log_path)
         for size in args.sizes:
             budget = 300 + size / 20 + args.messages * (1 + size / 2000) + args.idle_max
-            try:
-                async with asyncio.timeout(budget):
-                    r = await b.size_phase(size)
-            except Exception as exc:  # noqa: BLE001 - reported; the other phases still run
-                r = {"size": size, "error": f"{type(exc).__name__}: {exc}"}
+            r = {"size": size, **await common.reported(b.size_phase(size), budget)}
             res["sizes"].append(r)
             log(f"size {size}: " + (r.get("error") or f"ack p50 {r['ack']['p50_ms']} ms, "
                 f"redis {r['redis_cmds_per_msg']:.1f}/msg, mongo writes "
                 f"{r['mongo_writes_per_msg']:.2f}/msg"))
-        try:
-            async with asyncio.timeout(300 + args.groups * 0.5 + args.repeat * 2):
-                res["conversations"] = await b.conversations_phase()
-        except Exception as exc:  # noqa: BLE001 - reported
-            res["conversations"] = {"error": f"{type(exc).__name__}: {exc}"}
+        res["conversations"] = await common.reported(
+            b.conversations_phase(), 300 + args.groups * 0.5 + args.repeat * 2)
         log("conversations: done")
     finally:
         res["cleanup"] = await b.close()
-    res["flat"] = flatness(res)
+    res["flat"] = gs.flatness(res)
     return res
 
 
 def main(argv: list[str] | None = None) -> int:
-    res = cli.execute(parse_args(argv), argv, run, "group")
-    if res is None:
-        return 130
-    print(render(res))
-    failed = any("error" in r for r in res["sizes"]) or "error" in res.get("conversations", {})
-    return 1 if failed else 0
+    return cli.main("bench.group_bench", argv, parse_args, run, render, lambda res: any(
+        "error" in r for r in res["sizes"]) or "error" in res.get("conversations", {}))
 
 
 if __name__ == "__main__":

@@ -15,16 +15,16 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import fmean
 from typing import Any
 
 import redis.asyncio as aioredis
 from pymongo import AsyncMongoClient
 
 from bench import common
-from bench.report import fmt
+from bench.report import fmt, lat
 from testkit.device import Device
 from testkit.http import HttpError, HttpUsers
+from testkit.poll import bounded
 from testkit.tokens import issue_token
 
 CHUNK = 1000  # members per create / add call (the API's limit)
@@ -62,24 +62,21 @@ def unexpected(dev: Device) -> dict[str, int]:
 
 
 async def group_send(dev: Device, group: str, cmid: str, text: str) -> dict[str, Any]:
-    return await dev.request("group_send", REPLY_TIMEOUT_S, group=group, cmid=cmid,
-                             body={"t": time.perf_counter(), "text": text})
+    return await send(dev, "", cmid, text, group=group)
 
 
-async def send(dev: Device, to: str, cmid: str, text: str) -> dict[str, Any]:
-    return await dev.request("send", REPLY_TIMEOUT_S, to=to, cmid=cmid,
-                             body={"t": time.perf_counter(), "text": text})
+async def send(dev: Device, to: str, cmid: str, text: str, group: str = "") -> dict[str, Any]:
+    """A 1:1 send to ``to``, or a ``group_send`` to ``group``; the reply."""
+    where = {"group": group} if group else {"to": to}
+    return await dev.request("group_send" if group else "send", REPLY_TIMEOUT_S, cmid=cmid,
+                             body={"t": time.perf_counter(), "text": text}, **where)
 
 
 async def send_twice(dev: Device, groups: list[str], text: str) -> None:
     """Two messages to each of ``groups``, up to 32 sends in flight."""
-    sem = asyncio.Semaphore(32)
-
-    async def one(g: str, k: int) -> None:
-        async with sem:
-            check_ack(await group_send(dev, g, f"{g}-{k}", text), "group send")
-
-    await asyncio.gather(*(one(g, k) for g in groups for k in range(2)))
+    for r in await bounded((group_send(dev, g, f"{g}-{k}", text) for g in groups
+                            for k in range(2)), 32):
+        check_ack(r, "group send")
 
 
 def check_ack(reply: dict[str, Any], what: str) -> dict[str, Any]:
@@ -91,9 +88,7 @@ def check_ack(reply: dict[str, Any], what: str) -> dict[str, Any]:
 # -- HTTP --------------------------------------------------------------------------------
 async def timed_get(http: HttpUsers, user: str, path: str) -> tuple[float, bytes]:
     """(seconds, body) of one GET; raises unless 200."""
-    t = time.perf_counter()
-    r = await http[user].get(path)
-    took = time.perf_counter() - t
+    took, r = await common.timed(http[user].get(path))
     if r.status_code != 200:
         raise HttpError(r)
     return took, r.content
@@ -225,20 +220,6 @@ def per_msg_costs(window: dict[str, Any], idle: dict[str, Any], n: int) -> dict[
             "mongo_writes_per_msg": mongo_writes(mongo)}
 
 
-def ms(summary: dict[str, Any], samples: list[float]) -> dict[str, Any]:
-    """``common.latency_summary`` plus the mean."""
-    return {**summary, "mean_ms": round(fmean(samples) * 1000, 2) if samples else None}
-
-
-def cpu_ms(before: common.CpuSnapshot, after: common.CpuSnapshot, n: int,
-           names: dict[int, str]) -> list[dict[str, Any]]:
-    """CPU milliseconds per operation of the busiest processes over a window."""
-    rep = common.cpu_report(before, after, names, top=5)
-    wall = after.wall - before.wall
-    return [{"what": p["what"], "pid": p["pid"],
-             "ms_per_op": round(p["cores"] * wall * 1000 / n, 3)} for p in rep["top"]]
-
-
 # -- the naive design: one HINCRBY per member per message ----------------------------------
 async def naive_hincrby(r: aioredis.Redis, prefix: str, group: str, members: list[str],
                         messages: int) -> list[float]:
@@ -290,7 +271,7 @@ def cost_rows(res: dict[str, Any]) -> list[list[Any]]:
             continue
         nv = r["naive"]
         rows.append([r["size"], f"{r['mode']} diffusion",
-                     f"{fmt(r['ack']['p50_ms'])} / {fmt(r['ack']['p99_ms'])}",
+                     lat(r["ack"]),
                      round(r["redis_cmds_per_msg"], 1), round(r["mongo_writes_per_msg"], 2),
                      round(r["mongo_docs_per_msg"], 2), round(nv["hincrby_per_msg"], 1),
                      nv["time"]["mean_ms"], _quiet(r)])
@@ -311,7 +292,7 @@ def detail_rows(res: dict[str, Any]) -> list[list[Any]]:
                      _cpu(cpu, "gateway node"), _cpu(cpu, "secantus"),
                      ", ".join(f"{k} {v:g}" for k, v in r["redis_top_per_msg"][:5]), ops,
                      f"{p['received']}/{p['expected']}",
-                     f"{fmt(p['latency']['p50_ms'])} / {fmt(p['latency']['p99_ms'])}",
+                     lat(p["latency"]),
                      f"{r['acked']}/{r['messages']}, seq " + (
                          "ok" if r["seq_contiguous"] else "GAPS"), r["setup_s"]])
     return rows

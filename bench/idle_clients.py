@@ -29,18 +29,11 @@ from collections import Counter
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
-
-from bench.common import raise_fd_limit, run_loop
+from bench.common import emit, raise_fd_limit, run_loop, stdin_lines
 from testkit.lean import LeanSocket, open_lean
 from testkit.tokens import issue_token
 
 SECRET_ENV = "CONN_MEM_SECRET"
-
-
-def reply(obj: dict[str, Any]) -> None:
-    sys.stdout.buffer.write(orjson.dumps(obj) + b"\n")
-    sys.stdout.flush()
 
 
 class Clients:
@@ -107,23 +100,23 @@ class Clients:
 async def clients_main(args: argparse.Namespace) -> int:
     fd_limit = raise_fd_limit()
     clients = Clients(args.url, args.prefix, os.environ[SECRET_ENV], args.concurrency)
-    reply({"ready": True, "pid": os.getpid(), "fd_limit": fd_limit})
-    while True:
-        line = await asyncio.to_thread(sys.stdin.readline)
-        cmd, _, arg = line.strip().partition(" ")
+    emit({"ready": True, "pid": os.getpid(), "fd_limit": fd_limit})
+    async for line in stdin_lines():
+        cmd, _, arg = line.decode().strip().partition(" ")
         if cmd == "open":
-            reply(await clients.open(int(arg)))
+            emit(await clients.open(int(arg)))
         elif cmd == "ping":
-            reply(await clients.ping(int(arg)))
+            emit(await clients.ping(int(arg)))
         elif cmd == "state":
-            reply(clients.state())
-        elif cmd in ("close", ""):  # "" is EOF: the parent went away
+            emit(clients.state())
+        elif cmd == "close":
             clients.close()
-            if cmd:
-                reply({"closed": len(clients.conns)})
+            emit({"closed": len(clients.conns)})
             return 0
         else:
-            reply({"error": f"unknown command {line.strip()!r}"})
+            emit({"error": f"unknown command {line.strip()!r}"})
+    clients.close()  # EOF: the parent went away
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,18 +5,18 @@ this one process.
 (``PhaseStats``); a ``Sender`` numbers its sends and times their acks, a
 ``Receiver`` counts the pushes of the current phase (both also per phase, for
 per-node figures). ``closed_loop`` keeps a window of sends in flight, ``paced``
-sends on a fixed schedule (open loop); ``measure_window`` opens the phase's
-counting for a window and measures CPU (``Meter``) and the node's metrics over
-it; ``summarise`` turns the counts into the per-phase result. Used by
+sends on a fixed schedule (open loop); ``run_phase`` drives the senders, counts
+over a measured window (``common.measure_window``: CPU and the nodes' metrics)
+and ``summarise``s the counts; ``saturate`` is that in a closed loop. Used by
 ``bench.chat_bench`` and ``bench.multinode_bench``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import resource
 import time
 from collections import Counter
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,8 @@ from testkit.tokens import issue_token
 
 TEXT = "hello from the chat benchmark, a short line of text"
 DRAIN_S = 10.0
+Pump = Callable[[int, "Sender"], Coroutine[Any, Any, None]]  # sender i's loop in a phase
+Measured = tuple[dict[str, Any], list[dict[str, Any]]]  # a phase's result, nodes' metrics
 
 
 # -- the devices -------------------------------------------------------------------------
@@ -194,28 +196,7 @@ async def stop_pumps(pumps: list[asyncio.Task[None]]) -> int:
     return len(stuck)
 
 
-# -- measuring windows ----------------------------------------------------------------
-@dataclass
-class Meter:
-    """CPU of every process (from /proc) and of this one (getrusage) over a window."""
-
-    names: dict[int, str]
-    snap: common.CpuSnapshot = field(default_factory=common.cpu_snapshot)
-    own: float = field(default_factory=lambda: _own_cpu())
-
-    def stop(self) -> tuple[float, dict[str, Any]]:
-        after = common.cpu_snapshot()
-        seconds = after.wall - self.snap.wall
-        report = common.cpu_report(self.snap, after, self.names)
-        report["load_generator_cores"] = round((_own_cpu() - self.own) / seconds, 3)
-        return seconds, report
-
-
-def _own_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
+# -- one measured phase -----------------------------------------------------------------
 def summarise(stats: PhaseStats, seconds: float, cpu: dict[str, Any],
               drain: dict[str, int]) -> dict[str, Any]:
     return {
@@ -232,16 +213,26 @@ def summarise(stats: PhaseStats, seconds: float, cpu: dict[str, Any],
     }
 
 
-async def measure_window(load: Load, names: dict[int, str], node: NodeProcess | None,
-                         opens_at: float, closes_at: float) -> tuple[float, dict[str, Any]]:
-    """Count the current phase between two perf_counter instants; CPU and node metrics."""
-    await asyncio.sleep(max(0.0, opens_at - time.perf_counter()))
-    metrics = await common.fetch_metrics(node.http_url) if node else {}
-    meter, load.stats.open = Meter(names), True
-    await asyncio.sleep(max(0.0, closes_at - time.perf_counter()))
-    load.stats.open = False
-    seconds, cpu = meter.stop()
-    if node is not None:
-        after = await common.fetch_metrics(node.http_url)
-        cpu["node_metrics"] = common.metrics_delta(metrics, after)
-    return seconds, cpu
+async def run_phase(load: Load, phase: int, names: dict[int, str], nodes: list[NodeProcess],
+                    opens_at: float, until: float, pump: Pump) -> Measured:
+    """Phase ``phase``: ``pump(i, sender)`` for every sender from now; sends counted from
+    ``opens_at`` to ``until`` (perf_counter), then drained. The result (``summarise``; CPU
+    over the window, and a single node's metrics), and every node's metrics deltas."""
+    stats = load.begin_phase(phase)
+    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(load.senders)]
+    seconds, cpu, deltas = await common.measure_window(
+        names, nodes, opens_at, until, lambda on: setattr(stats, "open", on))
+    cpu["stuck_senders"] = await stop_pumps(pumps)
+    if len(nodes) == 1:
+        cpu["node_metrics"] = deltas[0]
+    return summarise(stats, seconds, cpu, await load.drain()), deltas
+
+
+async def saturate(load: Load, phase: int, names: dict[int, str], nodes: list[NodeProcess],
+                   args: Any) -> Measured:
+    """``run_phase`` in a closed loop (``args.window`` sends in flight per sender) for
+    ``args.warmup`` s, then ``args.duration`` s measured."""
+    opens_at = time.perf_counter() + args.warmup
+    until = opens_at + args.duration
+    return await run_phase(load, phase, names, nodes, opens_at, until,
+                           lambda _i, s: closed_loop(s, args.window, until))

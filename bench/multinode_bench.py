@@ -69,66 +69,41 @@ goes to 127.0.0.1; every wait is bounded; nodes are stopped (or killed) in
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import time
 from typing import Any
 
 from bench import cli, common
-from bench.cluster import NODES, Run
+from bench.cluster import NODES, Run, process_names
 from bench.failover import failover_lines, failover_phase
-from bench.load import Load, closed_loop, measure_window, open_load, stop_pumps, summarise
-from bench.report import fmt, header_lines, load_section, md_table, node_lines
-from testkit.nodes import NodeProcess
+from bench.load import open_load, saturate
+from bench.report import cleanup_line, fmt, header_lines, lat, load_section, md_table, node_lines
 
 TARGET_RATIO = 0.8
 
 
 # -- saturation (phases 1 and 2) -----------------------------------------------------
-async def saturation(load: Load, args: argparse.Namespace, names: dict[int, str],
-                     nodes: list[NodeProcess], phase: int) -> dict[str, Any]:
-    """Closed loop for warmup + duration; totals, then per node."""
-    stats = load.begin_phase(phase)
-    opens_at = time.perf_counter() + args.warmup
-    until = opens_at + args.duration
-    pumps = [asyncio.create_task(closed_loop(s, args.window, until)) for s in load.senders]
-    await asyncio.sleep(max(0.0, opens_at - time.perf_counter()))
-    before = await asyncio.gather(*(common.fetch_metrics(n.http_url) for n in nodes))
-    seconds, cpu = await measure_window(load, names, None, time.perf_counter(), until)
-    after = await asyncio.gather(*(common.fetch_metrics(n.http_url) for n in nodes))
-    cpu["stuck_senders"] = await stop_pumps(pumps)
-    result = summarise(stats, seconds, cpu, await load.drain())
-    deltas = [common.metrics_delta(b, a) for b, a in zip(before, after, strict=True)]
-    if len(nodes) == 1:
-        cpu["node_metrics"] = deltas[0]
-    result["per_node"] = []
+async def saturation_phase(args: argparse.Namespace, run: Run, n_nodes: int,
+                           phase: int) -> dict[str, Any]:
+    """Closed loop for warmup + duration on ``n_nodes`` fresh nodes; totals, then per node."""
+    ns = run.namespace(f"{n_nodes}n")
+    nodes = await run.start_nodes(ns, n_nodes, f"sat{n_nodes}")
+    try:
+        load = await open_load([n.ws_url for n in nodes], run.secret, args.pairs, f"{ns}-p")
+        try:
+            result, deltas = await saturate(load, phase, process_names(nodes), nodes, args)
+            result["unexpected_frames"] = dict(load.other)
+        finally:
+            await load.close()
+    finally:
+        await run.stop_nodes(nodes)
+    result["namespace"], result["per_node"] = ns, []
     for i, node in enumerate(nodes):
         acks = sum(s.acked[phase] for s in load.senders if s.node == i)
         got = sum(r.got[phase] for r in load.receivers if r.node == i)
         result["per_node"].append({
-            "node": node.name, "pid": node.pid,
-            "acks_per_s": round(acks / seconds, 1), "deliveries_per_s": round(got / seconds, 1),
-            "cores": cpu["by_pid"].get(str(node.pid)), "metrics": deltas[i]})
+            "node": node.name, "pid": node.pid, "acks_per_s": round(acks / result["seconds"], 1),
+            "deliveries_per_s": round(got / result["seconds"], 1),
+            "cores": result["cpu"]["by_pid"].get(str(node.pid)), "metrics": deltas[i]})
     return result
-
-
-async def saturation_phase(args: argparse.Namespace, run: Run, n_nodes: int,
-                           phase: int) -> dict[str, Any]:
-    ns = run.namespace(f"{n_nodes}n")
-    nodes = await run.start_nodes(ns, n_nodes, f"sat{n_nodes}")
-    try:
-        names = {os.getpid(): "load generator (this process)"}
-        names |= {n.pid: f"node {i} {n.name}" for i, n in enumerate(nodes)}
-        load = await open_load([n.ws_url for n in nodes], run.secret, args.pairs, f"{ns}-p")
-        try:
-            result = await saturation(load, args, names, nodes, phase)
-            result["unexpected_frames"] = dict(load.other)
-        finally:
-            await load.close()
-        result["namespace"] = ns
-        return result
-    finally:
-        await run.stop_nodes(nodes)
 
 
 # -- report ----------------------------------------------------------------------------
@@ -163,18 +138,13 @@ def _per_node_lines(r: dict[str, Any]) -> list[str]:
 
 def _ratio_lines(res: dict[str, Any]) -> list[str]:
     one, three, rt = res["one_node"], res["three_nodes"], res["ratios"]
-
-    def lat(r: dict[str, Any], which: str) -> str:
-        s = r[which]
-        return f"{fmt(s['p50_ms'])} / {fmt(s['p99_ms'])}"
-
     rows = [["acks/s", one["acks_per_s"], three["acks_per_s"], rt["acks"]],
             ["deliveries/s", one["deliveries_per_s"], three["deliveries_per_s"],
              rt["deliveries"]],
-            ["ack latency p50 / p99 (ms)", lat(one, "ack_latency"),
-             lat(three, "ack_latency"), None],
-            ["delivery latency p50 / p99 (ms)", lat(one, "delivery_latency"),
-             lat(three, "delivery_latency"), None],
+            ["ack latency p50 / p99 (ms)", lat(one["ack_latency"]),
+             lat(three["ack_latency"]), None],
+            ["delivery latency p50 / p99 (ms)", lat(one["delivery_latency"]),
+             lat(three["delivery_latency"]), None],
             ["machine CPU busy %", one["cpu"]["machine_busy_pct"],
              three["cpu"]["machine_busy_pct"], None]]
     verdict = ("meets" if min(rt["acks"] or 0, rt["deliveries"] or 0) >= TARGET_RATIO
@@ -214,25 +184,19 @@ def render(res: dict[str, Any]) -> str:
         lines += (failover_lines(f) if "error" not in f else
                   ["## 3. Failover", "", f"**failed**: {f['error']}", ""])
     lines += ["## Node logs", ""] + node_lines(res["nodes"]) + [""]
-    bad = {ns: d for ns, d in res["cleanup"].items()
-           if any(isinstance(v, str) for v in d.values())}
-    lines += [f"Cleanup: {'done' if not bad else bad}", "", f"Results: `{res['json']}`"]
+    lines += [cleanup_line(res["cleanup"])]
     return "\n".join(lines)
 
 
 # -- main ------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = cli.new_parser("python -m bench.multinode_bench", __doc__)
-    p.add_argument("--failover-clients", type=int, default=300, help="users in phase 3")
-    p.add_argument("--failover-interval", type=float, default=0.2,
-                   help="seconds between one user's sends in phase 3 (default 0.2)")
-    p.add_argument("--failover-before", type=float, default=5.0,
-                   help="seconds of traffic before the kill (default 5)")
-    p.add_argument("--failover-after", type=float, default=15.0,
-                   help="seconds of traffic after the kill (default 15)")
-    p.add_argument("--sync-sample", type=int, default=12,
-                   help="phase 3: users synced at the end besides those a push missed "
-                        "(default 12)")
+    p = cli.new_parser("bench.multinode_bench", __doc__, cli.LOAD + (
+        ("--failover-clients", int, 300, "users in phase 3"),
+        ("--failover-interval", float, 0.2, "seconds between one user's sends in phase 3"),
+        ("--failover-before", float, 5.0, "seconds of traffic before the kill"),
+        ("--failover-after", float, 15.0, "seconds of traffic after the kill"),
+        ("--sync-sample", int, 12, "phase 3: users synced at the end besides those a push "
+                                   "missed")))
     p.add_argument("--sync-all", action="store_true",
                    help="phase 3: every user syncs at the end (slow: since=0 is served by "
                         "MongoDB)")
@@ -240,9 +204,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="phase 3: py-spy a surviving node for 4 s from the kill")
     p.add_argument("--skip-saturation", action="store_true", help="phase 3 only")
     p.add_argument("--skip-failover", action="store_true", help="phases 1 and 2 only")
-    cli.add_store_urls(p)
-    args = p.parse_args(argv)
-    cli.check_load_args(p, args, [args.mongo_url, args.redis_url, args.amqp_url])
+    args = cli.parse(p, argv)
+    cli.check_load_args(p, args)
     if args.failover_clients < 2 * NODES or args.failover_interval <= 0:
         p.error(f"--failover-clients must be >= {2 * NODES}, --failover-interval > 0")
     if args.failover_before < 2 or args.failover_after < 2:
@@ -252,13 +215,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     r = Run(args, "multinode")
-    keys = ("pairs", "window", "duration", "warmup", "failover_clients", "failover_interval",
-            "failover_before", "failover_after", "mongo_url", "redis_url")
-    res: dict[str, Any] = {
-        "command": cli.command_line("bench.multinode_bench", args.argv),
-        "utc": args.stamp, "machine": common.machine_facts(), "code": args.code,
-        "settings": {k: getattr(args, k) for k in keys}, "namespaces": r.namespaces}
-    common.OUT_DIR.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"namespaces": r.namespaces}
     phases: list[tuple[str, Any]] = []
     if not args.skip_saturation:
         phases += [("one_node", lambda: saturation_phase(args, r, 1, 1)),
@@ -267,10 +224,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         phases.append(("failover", lambda: failover_phase(args, r)))
     try:
         for key, phase in phases:
-            try:
-                res[key] = await phase()
-            except Exception as exc:  # noqa: BLE001 - reported; later phases still run
-                res[key] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            res[key] = await common.reported(phase())
     finally:
         res["nodes"] = r.nodes
         res["cleanup"] = await r.cleanup()
@@ -281,12 +235,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    res = cli.execute(parse_args(argv), argv, run, "multinode")
-    if res is None:
-        return 130
-    print(render(res))
-    failed = any("error" in res.get(k, {}) for k in ("one_node", "three_nodes", "failover"))
-    return 1 if failed else 0
+    return cli.main("bench.multinode_bench", argv, parse_args, run, render, lambda res: any(
+        "error" in res.get(k, {}) for k in ("one_node", "three_nodes", "failover")))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,11 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+def lat(s: dict[str, Any], which: str = "p50 p99") -> str:
+    """Latencies of a ``latency_summary``: ``lat(s, "p50 p99 max")`` -> "1.20 / 3.40 / 5.00"."""
+    return " / ".join(fmt(s.get(f"{k}_ms")) for k in which.split())
+
+
 def md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
     """A markdown table (and a blank line after it), cells through ``fmt``."""
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -47,9 +52,9 @@ def load_section(title: str, r: dict[str, Any]) -> list[str]:
             ["errors", ", ".join(f"{k}={v}" for k, v in r["errors"].items()) or "none"],
             ["unanswered / undelivered after drain", f"{r['unanswered']} / {r['undelivered']}"],
             ["ack latency p50/p95/p99/max (ms)",
-             " / ".join(fmt(a[k]) for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms"))],
+             lat(a, "p50 p95 p99 max")],
             ["delivery latency p50/p99/max (ms)",
-             " / ".join(fmt(d[k]) for k in ("p50_ms", "p99_ms", "max_ms"))]]
+             lat(d, "p50 p99 max")]]
     if "target_per_s" in r:
         rows.insert(1, ["target rate/s", r["target_per_s"]])
         rows.append(["send lag p99/max (ms)", f"{fmt(lag['p99_ms'])} / {fmt(lag['max_ms'])}"])
@@ -102,3 +107,10 @@ def node_lines(nodes: list[dict[str, Any]], trouble_only: bool = False) -> list[
                    f"warnings, {lf['errors']} errors, {lf['tracebacks']} tracebacks{top} "
                    f"(`{n['log']}`)")
     return out
+
+
+def cleanup_line(cleanup: dict[str, Any]) -> str:
+    """``Cleanup: done``, or the namespaces whose cleanup failed in a step."""
+    bad = {ns: d for ns, d in cleanup.items()
+           if isinstance(d, dict) and any(isinstance(v, str) for v in d.values())}
+    return f"Cleanup: {'done' if not bad else bad}"

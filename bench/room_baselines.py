@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import signal
 import socket
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -47,6 +46,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
+
+from bench.common import raise_fd_limit, run_loop, stdin_lines
 
 MODES = ("ws", "sio-aiohttp", "sio-asgi", "idle")
 
@@ -177,9 +178,7 @@ async def serve_until_stopped(run: Callable[[asyncio.Event], Awaitable[None]],
         loop.add_signal_handler(sig, stop.set)
 
     async def stdin_eof() -> None:  # the benchmark went away: stop too
-        reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        while await reader.read(4096):
+        async for _ in stdin_lines():
             pass
         stop.set()
 
@@ -198,8 +197,6 @@ def main() -> None:
     p.add_argument("mode", choices=MODES)
     p.add_argument("--max-seconds", type=float, default=3600)
     args = p.parse_args()
-    from bench.common import raise_fd_limit, run_loop
-
     raise_fd_limit()
     run = {"ws": run_ws, "sio-aiohttp": run_sio_aiohttp, "sio-asgi": run_sio_asgi,
            "idle": run_idle}[args.mode]

@@ -28,18 +28,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import cli, common
+from bench import cli, common, report
 from bench import room_client as rc
 from bench.cluster import Run
-from bench.report import fmt, header_lines, md_table, node_lines
+from bench.report import cleanup_line, fmt, header_lines, md_table, node_lines
 from testkit.nodes import NodeProcess
 
 TARGETS = {"vs_sio": 10.0, "vs_ws": 2.0, "paced_p99_ms": 100.0, "three_vs_one": 2.0}
@@ -65,11 +65,6 @@ class Bench:
     def log_path(self, label: str) -> Path:
         return common.OUT_DIR / f"room-{self.args.stamp}-{label}.log"
 
-    async def spawn(self, label: str, *argv: str, **env: str) -> common.Child:
-        """``python -m <argv>``, stopped by itself after the run's longest possible time."""
-        return await common.Child.spawn(self.log_path(label), *argv, "--max-seconds",
-                                        str(int(self.args.max_child_s)), **env)
-
     # -- servers --------------------------------------------------------------------------
     async def start_ours(self, label: str, n: int, cap: str | None) -> Server:
         ns = self.run.namespace(label.replace("-", "")[:12])
@@ -82,17 +77,9 @@ class Bench:
         return server
 
     async def start_baseline(self, label: str, mode: str) -> Server:
-        proc = await self.spawn(label, "bench.room_baselines", mode)
-        server = Server(mode[:3], label, pids={proc.pid: f"{label} server"}, proc=proc)
-        try:
-            line = (await proc.readline()).decode()
-            if not line.startswith("READY "):
-                raise RuntimeError(f"{mode} server did not start: {proc.tail()}")
-            server.urls.append(line.split()[1])
-        except BaseException:
-            await self.stop_server(server)
-            raise
-        return server
+        proc, url = await common.Child.server(self.log_path(label), "bench.room_baselines", mode,
+                                              "--max-seconds", str(int(self.args.max_child_s)))
+        return Server(mode[:3], label, [url], {proc.pid: f"{label} server"}, proc=proc)
 
     async def stop_server(self, server: Server) -> None:
         if server.proc is not None:
@@ -107,11 +94,12 @@ class Bench:
         per = math.ceil(total / a.client_procs)
         try:
             for i, first in enumerate(range(0, total, per)):
-                procs.append(await self.spawn(
-                    f"{server.label}-client{i}", "bench.room_client", "--kind", server.kind,
-                    "--urls", ",".join(server.urls), "--first", str(first), "--count",
-                    str(min(per, total - first)), "--tag", server.label.replace("-", ""),
-                    "--sample-every", str(a.sample_every), ROOM_BENCH_SECRET=self.run.secret))
+                procs.append(await common.Child.spawn(
+                    self.log_path(f"{server.label}-client{i}"), "bench.room_client", "--kind",
+                    server.kind, "--urls", ",".join(server.urls), "--first", str(first),
+                    "--count", str(min(per, total - first)), "--tag", server.label.replace(
+                        "-", ""), "--sample-every", str(a.sample_every), "--max-seconds",
+                    str(int(a.max_child_s)), ROOM_BENCH_SECRET=self.run.secret))
                 server.pids[procs[-1].pid] = f"subscribers {i} ({server.label})"
             for c in procs:
                 ready = await c.ask(None, 60 + total / 20)
@@ -132,22 +120,17 @@ class Bench:
 
     # -- one phase ----------------------------------------------------------------------------
     async def phase(self, label: str, mode: str, start: Any) -> dict[str, Any]:
-        server: Server = await start()
-        try:
+        async with contextlib.AsyncExitStack() as stack:  # stopped in reverse order
+            server: Server = await start()
+            stack.push_async_callback(self.stop_server, server)
             subs = self.args.subscribers * len(server.urls)
             clients = await self.start_clients(server, subs)
-            try:
-                url, user = server.urls[0], f"{label.replace('-', '')}-pub"
-                conn = await rc.open_conn(server.kind, url, rc.conn_path(
-                    server.kind, url, user, self.run.secret), rc.Stats(1))
-                try:
-                    r = await self.measure(server, clients, rc.Publisher(conn), mode, subs)
-                finally:
-                    conn.abort()
-            finally:
-                await self.stop_clients(server, clients)
-        finally:
-            await self.stop_server(server)
+            stack.push_async_callback(self.stop_clients, server, clients)
+            url, user = server.urls[0], f"{label.replace('-', '')}-pub"
+            conn = await rc.open_conn(server.kind, url, rc.conn_path(
+                server.kind, url, user, self.run.secret), rc.Stats(1))
+            stack.callback(conn.abort)
+            r = await self.measure(server, clients, rc.Publisher(conn), mode, subs)
         return {"server": label, "kind": server.kind, "mode": mode, "nodes": len(server.urls),
                 "subscribers": subs, **r}
 
@@ -166,21 +149,15 @@ class Bench:
         sender = asyncio.create_task(pub.closed_loop(a.window, close_t) if mode == "throughput"
                                      else pub.paced(rate, close_t))
         try:
-            await asyncio.sleep(max(0.0, open_t - time.time()))
-            metrics = await asyncio.gather(*(common.fetch_metrics(n.http_url)
-                                             for n in server.nodes))
-            pub.window_open, before = True, common.cpu_snapshot()
-            await asyncio.sleep(max(0.0, close_t - time.time()))
-            pub.window_open, after = False, common.cpu_snapshot()
+            win, cpu, deltas = await common.measure_window(
+                names, server.nodes, open_t, close_t,
+                lambda on: setattr(pub, "window_open", on), clock=time.time, top=8)
             done, _ = await asyncio.wait({sender}, timeout=10)  # acks may have stopped
             lags = sender.result() if done else None
         finally:
             sender.cancel()
-        counters = [common.metrics_delta(b, await common.fetch_metrics(n.http_url))["counters"]
-                    for b, n in zip(metrics, server.nodes, strict=True)]
-        cpu = common.cpu_report(before, after, names, top=8)
         stats, drain_s = await self.drain(clients, pub, subs)
-        win, received = after.wall - before.wall, sum(s["total"] for s in stats)
+        received = sum(s["total"] for s in stats)
         hist = common.merge_counts([{int(k): v for k, v in s["hist"].items()} for s in stats])
         dlv, frames = sum(s["win"] for s in stats), sum(s["frames_win"] for s in stats)
         return {
@@ -201,7 +178,8 @@ class Bench:
             "per_node_deliveries_per_s": [round(sum(s["url_win"][i] for s in stats) / win, 1)
                                           for i in range(len(server.urls))],
             "send_lag": common.latency_summary(lags) if lags else None,
-            "cpu": cpu, "cores": cores_by_role(cpu, server.pids), "node_counters": counters}
+            "cpu": cpu, "cores": cores_by_role(cpu, server.pids),
+            "node_counters": [d["counters"] for d in deltas]}
 
     async def drain(self, clients: list[common.Child], pub: rc.Publisher,
                     subs: int) -> tuple[list[dict[str, Any]], float]:
@@ -237,7 +215,7 @@ def phase_row(r: dict[str, Any]) -> list[Any]:
     c, lat = r["cores"], r["latency"]
     hot = [f"{w} {x:.2f}" for w in ("server", "clients") for x in c[w] if x >= 0.9]
     return [r["server"], r["subscribers"], r["published_per_s"], r["deliveries_per_s"],
-            r["frames_per_s"], " / ".join(fmt(lat[k]) for k in ("p50_ms", "p99_ms", "max_ms")),
+            r["frames_per_s"], report.lat(lat, "p50 p99 max"),
             f"{r['loss']:,} of {r['expected']:,}", " + ".join(f"{x:.2f}" for x in c["server"]),
             " + ".join(f"{x:.2f}" for x in c["clients"]), c["publisher"],
             c["others"], f"{c['machine_busy_pct']}%" + (f"; near 1 core: {', '.join(hot)}"
@@ -324,43 +302,36 @@ def render(res: dict[str, Any]) -> str:
               for r in res["phases"] if "error" not in r and r["nodes"] > 1]
     n = notes(res)
     lines += ["## Notes", ""] + n + [""] if n else []
-    cleanup = res.get("cleanup", {})
-    bad = {k: d for k, d in cleanup.items() if any(isinstance(x, str) for x in d.values())}
-    return "\n".join(lines + [f"Cleanup: {'done' if not bad else bad}",
-                              f"Results: `{res['json']}`"])
+    return "\n".join(lines + [cleanup_line(res.get("cleanup", {}))])
 
 
 # -- main ----------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.room_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    for flag, kind, default, what in (
-            ("--subscribers", int, 1000, "per node"), ("--seconds", float, 10.0, "measured, "
-             "throughput"), ("--warmup", float, 2.0, "throughput"), ("--window", int, 32,
-             "un-acked sends, throughput"), ("--rate", float, 20.0, "msgs/s, paced"),
-            ("--paced-seconds", float, None, "default: --seconds"),
-            ("--drain", float, 10.0, "max s to wait for stragglers"),
-            ("--client-procs", int, 2, "subscriber processes"),
-            ("--sample-every", int, 10, "1 in N subscribers gives latency"),
-            ("--scale-rate", float, 200.0, "msgs/s offered to 1 node and to 3 nodes; 0: skip")):
-        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+    p = cli.new_parser("bench.room_bench", __doc__, (
+        ("--subscribers", int, 1000, "per node"), ("--seconds", float, 10.0, "measured, "
+         "throughput"), ("--warmup", float, 2.0, "throughput"), ("--window", int, 32,
+         "un-acked sends, throughput"), ("--rate", float, 20.0, "msgs/s, paced"),
+        ("--paced-seconds", float, None, "default: --seconds"),
+        ("--drain", float, 10.0, "max s to wait for stragglers"),
+        ("--client-procs", int, 2, "subscriber processes"),
+        ("--sample-every", int, 10, "1 in N subscribers gives latency"),
+        ("--scale-rate", float, 200.0, "msgs/s offered to 1 node and to 3 nodes; 0: skip")))
     p.add_argument("--servers", default="ours,ws,sio", help="a subset of ours,ws,sio")
     p.add_argument("--skip-three", action="store_true", help="leave out the 3-node phase")
     p.add_argument("--sio-mode", choices=("aiohttp", "asgi"), default="aiohttp",
                    help="python-socketio on aiohttp (default), or its ASGI app on uvicorn")
     p.add_argument("--quick", action="store_true",
                    help="100 subscribers, 3 s phases, 1 s warm-up, 5 s drain")
-    cli.add_store_urls(p)
-    args = p.parse_args(argv)
+    args = cli.parse(p, argv)
     if args.quick:
         args.subscribers, args.seconds, args.warmup, args.drain = 100, 3.0, 1.0, 5.0
     args.paced_seconds = args.paced_seconds or args.seconds
     args.servers = [x for x in args.servers.split(",") if x]
-    cli.check_loopback(p, [args.mongo_url, args.redis_url, args.amqp_url])
     if set(args.servers) - {"ours", "ws", "sio"} or min(
             args.subscribers, args.window, args.client_procs, args.sample_every) < 1:
         p.error("--servers is a subset of ours,ws,sio; counts must be >= 1")
     args.max_child_s = 900 + 3 * (args.seconds + args.paced_seconds + args.drain)
+    common.raise_fd_limit()
     return args
 
 
@@ -368,13 +339,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from importlib.metadata import version
     b = Bench(args)
     res: dict[str, Any] = {
-        "command": cli.command_line("bench.room_bench", args.argv), "utc": args.stamp,
-        "machine": common.machine_facts(), "code": args.code, "phases": [],
-        "versions": {"websockets": version("websockets"), "socketio": version("python-socketio")},
-        "settings": {k: getattr(args, k) for k in (
-            "subscribers", "seconds", "warmup", "window", "rate", "paced_seconds", "drain",
-            "client_procs", "sample_every", "servers", "sio_mode", "scale_rate")},
-        "nodes": b.run.nodes, "logs": b.logs, "namespaces": b.run.namespaces}
+        "phases": [], "nodes": b.run.nodes, "logs": b.logs, "namespaces": b.run.namespaces,
+        "versions": {"websockets": version("websockets"), "socketio": version("python-socketio")}}
     plan: list[tuple[str, str, Any]] = []
     for name in args.servers:
         for mode in ("throughput", "paced"):
@@ -390,14 +356,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     budget = 240 + args.subscribers + args.warmup + args.seconds + args.paced_seconds + args.drain
     try:
         for name, mode, start in plan:
-            try:
-                async with asyncio.timeout(budget):
-                    r = await b.phase(name, mode, start)
-            except Exception as exc:  # noqa: BLE001 - reported; the other phases still run
-                r = {"server": name, "mode": mode, "error": f"{type(exc).__name__}: {exc}"}
+            r = {"server": name, "mode": mode, **await common.reported(b.phase(name, mode, start),
+                                                                       budget)}
             res["phases"].append(r)
-            print(f"[room_bench] {name} {mode}: {r.get('deliveries_per_s', r.get('error'))} "
-                  "deliveries/s", file=sys.stderr, flush=True)
+            common.say("room_bench", f"{name} {mode}: "
+                       f"{r.get('deliveries_per_s', r.get('error'))} deliveries/s")
     finally:
         if b.run.namespaces:
             res["cleanup"] = await b.run.cleanup()
@@ -405,12 +368,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    common.raise_fd_limit()
-    res = cli.execute(parse_args(argv), argv, run, "room")
-    if res is None:
-        return 130
-    print(render(res))
-    return 1 if any("error" in r for r in res["phases"]) else 0
+    return cli.main("bench.room_bench", argv, parse_args, run, render,
+                    lambda res: any("error" in r for r in res["phases"]))
 
 
 if __name__ == "__main__":

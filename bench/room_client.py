@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import math
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,7 +29,8 @@ from urllib.parse import urlsplit
 import orjson
 from websockets.frames import Opcode
 
-from bench.common import raise_fd_limit, run_loop
+from bench.cli import check_loopback
+from bench.common import emit, raise_fd_limit, run_loop, stdin_lines
 from testkit.lean import LeanSocket, open_lean
 from testkit.tokens import issue_token
 
@@ -275,11 +275,6 @@ class Publisher:
 
 
 # -- the subscriber process ---------------------------------------------------------------
-def emit(obj: dict[str, Any]) -> None:
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS) + b"\n")
-    sys.stdout.flush()
-
-
 async def serve(args: argparse.Namespace) -> None:
     raise_fd_limit()
     urls, secret = args.urls.split(","), os.environ.get("ROOM_BENCH_SECRET", "")
@@ -299,11 +294,8 @@ async def serve(args: argparse.Namespace) -> None:
         return
     emit({"ev": "ready", "joined": len(conns), "seconds": round(time.perf_counter() - t0, 2),
           "sampled": sum(c.sampled for c in conns), "pid": os.getpid()})
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     try:
-        while line := await reader.readline():
+        async for line in stdin_lines():
             cmd = orjson.loads(line)
             if cmd["cmd"] == "phase":
                 stats.reset(cmd["marker"], cmd["open"], cmd["close"])
@@ -334,9 +326,7 @@ def main() -> None:
         p.add_argument(flag, type=int, default=default)
     p.add_argument("--tag", default="rb")
     args = p.parse_args()
-    for url in args.urls.split(","):
-        if urlsplit(url).hostname not in ("127.0.0.1", "localhost"):
-            p.error(f"{url}: only 127.0.0.1")
+    check_loopback(p, args.urls.split(","))
 
     with contextlib.suppress(KeyboardInterrupt, TimeoutError):
         run_loop(asyncio.wait_for(serve(args), args.max_seconds))

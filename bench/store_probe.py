@@ -11,7 +11,6 @@ percentiles for a few batch sizes. Run from the repository root::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 
@@ -44,12 +43,9 @@ async def probe(url: str, rate: float, seconds: float) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mongo-url", default="mongodb://127.0.0.1:27017")
-    p.add_argument("--rate", type=float, default=283.0, help="messages per second")
-    p.add_argument("--seconds", type=float, default=6.0, help="per batch size")
-    args = p.parse_args()
-    cli.check_loopback(p, [args.mongo_url])
+    args = cli.parse(cli.new_parser("bench.store_probe", __doc__, (
+        ("--rate", float, 283.0, "messages per second"),
+        ("--seconds", float, 6.0, "per batch size")), urls=("mongo",)), None)
     asyncio.run(probe(args.mongo_url, args.rate, args.seconds))
 
 

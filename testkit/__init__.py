@@ -11,6 +11,6 @@ Everything here talks to real servers on 127.0.0.1 and bounds every wait:
 - ``tokens``: ``issue_token``.
 - ``namespace``: a fresh namespace, and dropping one.
 - ``soak``: the chat soak with failover clients (``Soak``).
-- ``poll``: ``until``.
+- ``poll``: ``until``, ``bounded``.
 - ``proxy``: a TCP proxy that cuts and slows a link (``TcpProxy``).
 """

@@ -29,6 +29,7 @@ from websockets.exceptions import InvalidHandshake
 
 from testkit.device import Device, DeviceClosed, ws_url
 from testkit.http import HttpUser, http_url
+from testkit.poll import bounded
 from testkit.tokens import issue_token
 
 __all__ = ["Ack", "Endpoint", "Got", "Soak", "SoakUser"]
@@ -158,14 +159,8 @@ class Soak:
 
     async def connect_all(self, concurrency: int = 50) -> None:
         """Every user to its home endpoint."""
-        sem = asyncio.Semaphore(concurrency)
-
-        async def one(u: SoakUser) -> None:
-            async with sem:
-                await self.connect(u, u.home)
-
         async with asyncio.timeout(120):
-            await asyncio.gather(*(one(u) for u in self.users))
+            await bounded((self.connect(u, u.home) for u in self.users), concurrency)
 
     def _on_close(self, u: SoakUser, dev: Device) -> None:
         if u.device is not dev:
@@ -321,16 +316,10 @@ class Soak:
     async def final_sync(self, users: list[SoakUser] | None = None,
                          timeout_s: float = 180) -> None:
         """Sync ``users`` (default: all), ``sync_concurrency`` at a time."""
-        sem = asyncio.Semaphore(self.sync_concurrency)
-
-        async def one(u: SoakUser) -> None:
-            async with sem:
-                await self.sync(u, final=True)
-
         try:
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*(one(u) for u in (self.users if users is None
-                                                        else users)))
+                await bounded((self.sync(u, final=True) for u in (
+                    self.users if users is None else users)), self.sync_concurrency)
         except TimeoutError:
             self.sync_failures[f"final sync took over {timeout_s:.0f} s"] += 1
 
