@@ -10,6 +10,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,14 +29,19 @@ URLS = {"mongo": "mongodb://127.0.0.1:27017", "redis": "redis://127.0.0.1:6379/0
 
 
 def new_parser(module: str, description: str | None, options: Iterable[Option] = (),
-               urls: Iterable[str] = ("mongo", "redis", "amqp")) -> argparse.ArgumentParser:
-    """A parser for ``python -m <module>`` with ``options`` and ``--<name>-url`` for ``urls``."""
+               urls: Iterable[str] = ("mongo", "redis", "amqp"), nodes: bool = True
+               ) -> argparse.ArgumentParser:
+    """A parser for ``python -m <module>`` with ``options``, ``--<name>-url`` for ``urls``
+    and, for a benchmark that starts nodes, ``--node-tree``."""
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag, kind, default, what in options:
         p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
     for name in urls:
         p.add_argument(f"--{name}-url", default=URLS[name])
+    if nodes:
+        p.add_argument("--node-tree", metavar="DIR", help="run the nodes from this checkout "
+                       "(e.g. a git worktree of another commit); default: this one")
     return p
 
 
@@ -43,6 +49,8 @@ def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namesp
     """``p.parse_args``; a usage error unless every ``--*-url`` given is on loopback."""
     args = p.parse_args(argv)
     check_loopback(p, [v for k, v in vars(args).items() if k.endswith("_url") and v])
+    if getattr(args, "node_tree", None) and not Path(args.node_tree, "gateway").is_dir():
+        p.error(f"--node-tree {args.node_tree}: no gateway package there")
     return args
 
 
@@ -70,7 +78,8 @@ def main(module: str, argv: list[str] | None, parse_args: Callable[[Any], argpar
     stopped and cleaned on the way out), 1 if ``failed(results)``, else 0."""
     args = parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
-    args.stamp, args.code = common.utc_stamp(), common.code_version()
+    args.stamp = common.utc_stamp()
+    args.code = common.code_version(getattr(args, "node_tree", None))
     res: dict[str, Any] = {"command": command_line(module, args.argv), "utc": args.stamp,
                            "machine": common.machine_facts(), "code": args.code,
                            "settings": {k: v for k, v in vars(args).items()

@@ -54,7 +54,7 @@ class Run:
         try:
             for i in range(n):
                 log = common.OUT_DIR / f"{self.prefix}-{self.args.stamp}-{label}-{i}.log"
-                nodes.append(NodeProcess(env, log))
+                nodes.append(NodeProcess(env, log, getattr(self.args, "node_tree", None)))
                 await nodes[-1].start()
         except BaseException:
             await self.stop_nodes(nodes)

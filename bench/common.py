@@ -106,14 +106,15 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
-def code_version() -> dict[str, Any]:
-    """The commit measured, and which tracked source files differed from it."""
+def code_version(tree: str | Path | None = None) -> dict[str, Any]:
+    """The commit measured (of the nodes' ``tree``, default this checkout), and which
+    tracked source files differed from it."""
     import subprocess
 
     def git(*cmd: str) -> str:
         try:
-            return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True,
-                                  timeout=10).stdout
+            return subprocess.run(["git", *cmd], cwd=tree or REPO, capture_output=True,
+                                  text=True, timeout=10).stdout
         except (OSError, subprocess.SubprocessError):
             return ""
 
@@ -121,7 +122,8 @@ def code_version() -> dict[str, Any]:
                  "store")
     changed = status.splitlines()
     return {"commit": git("rev-parse", "--short", "HEAD").strip(),
-            "uncommitted_in_gateway_router_store": [line[3:] for line in changed]}
+            "uncommitted_in_gateway_router_store": [line[3:] for line in changed],
+            **({"node_tree": str(Path(tree).resolve())} if tree else {})}
 
 
 # -- CPU accounting ------------------------------------------------------------

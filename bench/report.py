@@ -41,7 +41,8 @@ def header_lines(title: str, res: dict[str, Any], machine_note: str = "") -> lis
             + machine_note,
             f"- code: commit {res['code']['commit']}, uncommitted changes in "
             f"{len(res['code']['uncommitted_in_gateway_router_store'])} gateway/router/store "
-            "files"]
+            "files" + (f" (nodes run from {res['code']['node_tree']})"
+                       if res["code"].get("node_tree") else "")]
 
 
 def load_section(title: str, r: dict[str, Any]) -> list[str]:

@@ -45,7 +45,7 @@ async def probe(url: str, rate: float, seconds: float) -> None:
 def main() -> None:
     args = cli.parse(cli.new_parser("bench.store_probe", __doc__, (
         ("--rate", float, 283.0, "messages per second"),
-        ("--seconds", float, 6.0, "per batch size")), urls=("mongo",)), None)
+        ("--seconds", float, 6.0, "per batch size")), urls=("mongo",), nodes=False), None)
     asyncio.run(probe(args.mongo_url, args.rate, args.seconds))
 
 

@@ -1,5 +1,10 @@
 """Gateway nodes as real processes (``python -m gateway serve``), for tests that
-kill them with SIGKILL or drain them with SIGTERM, and for the benchmarks."""
+kill them with SIGKILL or drain them with SIGTERM, and for the benchmarks.
+
+A node runs this repository's code, or that of another checkout (``tree``: a
+``git worktree`` of another commit, say): its process then starts in that
+directory with it first on ``PYTHONPATH``, so ``gateway``, ``router``, ``store``
+and ``core`` come from there, while the caller keeps running from here."""
 
 from __future__ import annotations
 
@@ -30,11 +35,14 @@ class NodeProcess:
     """One node process. ``env`` (``IM_*`` variables) goes over this process's
     environment. Its log goes to ``log_path`` if given (nothing read here, so a
     busy node costs this process no CPU), else into ``output`` (the last lines).
+    ``tree``: the checkout whose code it runs (default: this one).
     ``name``, ports and URLs are known once ``start`` returns."""
 
-    def __init__(self, env: dict[str, str], log_path: Path | None = None) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path | None = None,
+                 tree: Path | str | None = None) -> None:
         self.env = env
         self.log_path = log_path
+        self.tree = Path(tree).resolve() if tree else REPO
         self.proc: asyncio.subprocess.Process | None = None
         self.name = ""
         self.host = "127.0.0.1"
@@ -61,11 +69,15 @@ class NodeProcess:
         if the node exits first."""
         err: Any = asyncio.subprocess.STDOUT
         log = open(self.log_path, "ab") if self.log_path else None
+        env = {**os.environ, **self.env}
+        if self.tree != REPO:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(self.tree), *filter(None, [os.environ.get("PYTHONPATH")])])
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway", "serve", cwd=REPO,
-                env={**os.environ, **self.env}, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=log or err)
+                sys.executable, "-m", "gateway", "serve", cwd=self.tree, env=env,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=log or err)
         finally:
             if log is not None:
                 log.close()
