@@ -6,6 +6,12 @@ delay; under heavy load batches grow by themselves. ``linger_s`` trades a
 little latency for bigger batches where a store's cost per call dominates. The queue is bounded:
 past ``max_pending`` a submit fails at once with ``Unavailable`` instead of
 growing memory and latency without limit.
+
+A flush that fails with ``Unavailable`` fails its whole batch (the
+dependency is down for everyone). Any other failure is one item's fault (a
+value the store cannot hold, a bug it triggers): the batch is split and each
+item flushed alone, so only that item fails and nobody else's message does.
+Flushes must therefore be idempotent, as every stage here is.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class Batcher(Generic[T, R]):
         self._running = 0  # runners that will look at the queue again
         self.batches = 0
         self.items = 0
+        self.isolated = 0  # batches split after a failure that was not ``Unavailable``
 
     @property
     def pending(self) -> int:
@@ -93,24 +100,44 @@ class Batcher(Generic[T, R]):
             started = self._clock()
             try:
                 results = await self._flush([item for item, _, _ in batch])
-            except BaseException as exc:  # noqa: BLE001 - handed to every waiter
-                for _, fut, _ in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
+            except Unavailable as exc:  # the dependency is down: every item fails alike
+                _settle(batch, [exc] * n)
                 continue
+            except asyncio.CancelledError as exc:
+                _settle(batch, [exc] * n)
+                raise
+            except Exception as exc:  # noqa: BLE001 - one item's fault: confine it
+                if n == 1:
+                    _settle(batch, [exc])
+                    continue
+                self.isolated += 1
+                results = [await self._alone(item) for item, _, _ in batch]
             if self.observe is not None:
                 self.observe(n, started - batch[0][2], self._clock() - started)
-            for (_, fut, _), result in zip(batch, results, strict=True):
-                if fut.done():
-                    continue
-                if isinstance(result, BaseException):
-                    fut.set_exception(result)
-                else:
-                    fut.set_result(result)
+            _settle(batch, results)
+
+    async def _alone(self, item: T) -> R | BaseException:
+        """Flush one item of a batch that failed for a reason other than a
+        dependency being down (flushes are idempotent, so a redo is safe)."""
+        try:
+            return (await self._flush([item]))[0]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to this item's waiter
+            return exc
 
     async def close(self) -> None:
         """Wait for queued items to be flushed."""
         while self._runners:
             await asyncio.gather(*self._runners, return_exceptions=True)
+
+
+def _settle(batch: Sequence[tuple[object, asyncio.Future[R], float]],
+            results: Sequence[R | BaseException]) -> None:
+    for (_, fut, _), result in zip(batch, results, strict=True):
+        if fut.done():
+            continue
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)

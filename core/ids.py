@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from core.errors import Unavailable
+
 __all__ = [
     "EPOCH_MS",
     "MAX_MID",
@@ -56,8 +58,16 @@ class MidGenerator:
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._last_ms = 0
         self._seq = 0
+        self.held = True  # False while the node's lease on ``node_id`` is not confirmed
+
+    def hold(self, held: bool) -> None:
+        """Whether the node holds its number: a node that lost its lease must
+        not mint ids another node may be minting (``next`` raises meanwhile)."""
+        self.held = held
 
     def next(self) -> int:
+        if not self.held:
+            raise Unavailable("lease", "this node's id lease is not confirmed")
         now = self._clock_ms() - EPOCH_MS
         if now > self._last_ms:
             self._last_ms, self._seq = now, 0

@@ -8,8 +8,9 @@ import gc
 import logging
 import signal
 import sys
+from pathlib import Path
 
-from gateway.auth import issue_token
+from gateway.auth import SecretError, issue_token, with_secret
 from gateway.config import ConfigError, Settings
 from gateway.node import Node, StartupError
 
@@ -20,25 +21,36 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("serve", help="run one gateway node (settings from IM_* variables)")
     tok = sub.add_parser("token", help="print a token for USER (development and tests)")
     tok.add_argument("user")
-    tok.add_argument("--ttl", type=int, default=86_400, help="seconds until it expires")
+    tok.add_argument("--ttl", type=int, default=None,
+                     help="seconds until it expires (default: a day, at most IM_AUTH_MAX_TTL_S)")
     args = parser.parse_args(argv)
     try:
-        settings = Settings.from_env()
-    except ConfigError as exc:
+        settings, secret_file = with_secret(Settings.from_env())
+    except (ConfigError, SecretError) as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
     if args.cmd == "token":
+        if secret_file is not None:
+            print(f"gateway: IM_AUTH_SECRET is unset; signing with the local secret in "
+                  f"{secret_file}", file=sys.stderr)
+        ttl = args.ttl if args.ttl is not None else min(86_400, settings.auth_max_ttl_s)
         try:
-            print(issue_token(settings.auth_secret, args.user, args.ttl))
+            print(issue_token(settings.auth_secret, args.user, ttl,
+                              max_ttl_s=settings.auth_max_ttl_s))
         except ValueError as exc:
             print(f"gateway: {exc}", file=sys.stderr)
             return 2
         return 0
-    return serve(settings)
+    return serve(settings, secret_file)
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, secret_file: Path | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if secret_file is not None:
+        logging.getLogger("gateway").warning(
+            "IM_AUTH_SECRET is unset: tokens are checked against the random secret in %s "
+            "(this machine's nodes and `python -m gateway token` share it; set IM_AUTH_SECRET "
+            "for nodes on several machines, and IM_ENV=production to require it)", secret_file)
     # A line per connection opened and closed costs CPU and disk at 10k connections.
     logging.getLogger("websockets.server").setLevel(logging.WARNING)
     try:
@@ -65,8 +77,11 @@ async def _serve(settings: Settings) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    # testkit/nodes.py parses this line's start: keep its prefix as it is.
+    metrics = (f" metrics http://{settings.metrics_host}:{node.metrics_port}/metrics"
+               if node.metrics_port > 0 else "")
     print(f"gateway: node {node.name} ws://{settings.host}:{node.ws_port}/ws "
-          f"http://{settings.host}:{node.http_port}", flush=True)
+          f"http://{settings.host}:{node.http_port}{metrics}", flush=True)
     await stop.wait()
     await node.drain()
     return 0

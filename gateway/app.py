@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 
 from core.ids import MidGenerator
+from gateway.auth import TokenVerifier
 from gateway.bindings import Bindings
 from gateway.chat import ChatService
 from gateway.claims import Claims
@@ -30,6 +31,7 @@ from gateway.group_presence import GroupPresence
 from gateway.grouphub import GroupHub
 from gateway.groups import GroupService
 from gateway.http_api import HttpDeps, build_http
+from gateway.http_guard import HttpLimits
 from gateway.hub import Hub
 from gateway.live import LiveRooms
 from gateway.metrics import NodeMetrics
@@ -56,6 +58,7 @@ class App:
     group_hub: GroupHub
     bindings: Bindings
     router: Router
+    mids: MidGenerator
     claims: Claims
     chat: ChatService
     groups: GroupService
@@ -127,7 +130,9 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     registry = Registry(name, hub, stores.routes, presence, live, **batch)
     sessions = Sessions(s, registry, chat, groups, conversations, live, router, metrics,
                         draining)
-    http = build_http(HttpDeps(name, s.auth_secret, chat, conversations, groups, feed, live,
-                               metrics, healthy))
-    return App(hub, room_hub, group_hub, bindings, router, claims, chat, groups, presence,
+    http = build_http(HttpDeps(name, TokenVerifier.from_settings(s), chat, conversations,
+                               groups, feed, live, metrics, healthy,
+                               limits=HttpLimits.from_settings(s),
+                               metrics_public=bool(s.metrics_public)))
+    return App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
                conversations, live, feed, registry, replay, sessions, http)

@@ -1,42 +1,164 @@
-"""Tokens: JWT signed HS256 with ``IM_AUTH_SECRET``; ``sub`` is the user id."""
+"""Tokens: JWT signed HS256; ``sub`` is the user id (docs/protocol.md, Tokens).
+
+A token is refused unless its signature holds, ``sub`` is a user id (the id
+charset, not starting with ``g:``: those name groups), ``exp`` is a number
+in the future and ``exp`` lies at most ``IM_AUTH_MAX_TTL_S`` ahead of both
+now and ``iat``; ``iat`` and ``nbf``, when present, must be numbers and not
+in the future. ``IM_AUTH_LEEWAY_S`` of clock skew is allowed on ``iat``,
+``nbf`` and the lifetime bound, never past ``exp``.
+The time checks are ``check_times`` (pure, the clock passed in).
+
+The secret: ``IM_AUTH_SECRET``, or else a random one kept in a file only
+its user can read (``load_secret``), so a node is never on a public default.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import secrets
+import stat
+import tempfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import jwt
 
+from gateway.config import PUBLIC_SECRETS, Settings
 from gateway.errors import ProtocolError
 from gateway.protocol import ID_PATTERN
 
-__all__ = ["issue_token", "verify_token", "bearer_token"]
+__all__ = [
+    "DEFAULT_LEEWAY_S",
+    "DEFAULT_MAX_TTL_S",
+    "SecretError",
+    "TokenVerifier",
+    "bearer_token",
+    "check_times",
+    "check_user_id",
+    "issue_token",
+    "load_secret",
+    "secret_path",
+    "verify_token",
+    "with_secret",
+]
 
 ALGORITHM = "HS256"
+DEFAULT_MAX_TTL_S = 30 * 86_400
+DEFAULT_LEEWAY_S = 30
+GROUP_PREFIX = "g:"
+_MIN_SECRET = 32  # bytes (RFC 7518 3.2: a key at least the size of the hash)
+# Checked by PyJWT (signature, presence of exp and sub), the rest by check_times.
+_DECODE_OPTIONS: Any = {"require": ["exp", "sub"], "verify_exp": False, "verify_iat": False,
+                        "verify_nbf": False}
 
 
-def issue_token(secret: str, user: str, ttl_s: int = 86_400) -> str:
-    if not ID_PATTERN.fullmatch(user):
-        raise ValueError("user id must be 1-64 characters of [A-Za-z0-9_.:-]")
-    now = int(time.time())
-    return jwt.encode({"sub": user, "iat": now, "exp": now + ttl_s}, secret, ALGORITHM)
+def _refuse(message: str) -> ProtocolError:
+    return ProtocolError("unauthorized", message)
 
 
-def verify_token(secret: str, token: str | None) -> str:
-    """Return the user id in a valid token; raise ``unauthorized`` otherwise."""
-    if not token:
-        raise ProtocolError("unauthorized", "a token is required")
-    try:
-        claims = jwt.decode(
-            token, secret, algorithms=[ALGORITHM], options={"require": ["exp", "sub"]}
-        )
-    except jwt.ExpiredSignatureError:
-        raise ProtocolError("unauthorized", "token expired") from None
-    except jwt.PyJWTError:
-        raise ProtocolError("unauthorized", "token is invalid") from None
-    sub = claims.get("sub")
-    if not isinstance(sub, str) or not ID_PATTERN.fullmatch(sub):
-        raise ProtocolError("unauthorized", "token subject is not a valid user id")
-    return sub
+def check_user_id(user: object) -> str | None:
+    """Why ``user`` is not a user id, or None if it is one."""
+    if not isinstance(user, str) or not ID_PATTERN.fullmatch(user):
+        return "a user id is 1-64 characters of [A-Za-z0-9_.:-]"
+    if user.startswith(GROUP_PREFIX):
+        return "a user id may not start with 'g:' (that names a group)"
+    return None
+
+
+# -- time claims (pure) -----------------------------------------------------------
+def _number(claims: Mapping[str, Any], name: str) -> float | None:
+    """The claim as a finite number, None if absent; refused if anything else
+    (a string, a boolean, null, an infinity)."""
+    if name not in claims:
+        return None
+    value = claims[name]
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value)):
+        raise _refuse(f"token claim {name} must be a number")
+    return float(value)
+
+
+def check_times(claims: Mapping[str, Any], now: float, max_ttl_s: float,
+                leeway_s: float) -> None:
+    """Refuse a token that has expired, is not valid yet, or lives longer than
+    ``max_ttl_s`` (``exp - iat``, and ``exp - now`` for tokens with or without
+    ``iat``). ``leeway_s`` allows for an issuer whose clock is ahead of ours
+    (``iat``/``nbf`` a little in the future, ``exp`` a little further out);
+    ``exp`` itself is never extended: an expired token is refused at once."""
+    exp = _number(claims, "exp")
+    iat = _number(claims, "iat")
+    nbf = _number(claims, "nbf")
+    if exp is None:
+        raise _refuse("token claim exp is required")
+    if exp <= now:
+        raise _refuse("token expired")
+    if exp - now > max_ttl_s + leeway_s:
+        raise _refuse(f"token lifetime is over the maximum of {max_ttl_s:.0f} s")
+    if iat is not None:
+        if iat > now + leeway_s:
+            raise _refuse("token issued in the future")
+        if exp - iat > max_ttl_s:
+            raise _refuse(f"token lifetime is over the maximum of {max_ttl_s:.0f} s")
+    if nbf is not None and nbf > now + leeway_s:
+        raise _refuse("token not valid yet")
+
+
+# -- issue and verify -------------------------------------------------------------
+def issue_token(secret: str, user: str, ttl_s: int = 86_400, *,
+                max_ttl_s: int = DEFAULT_MAX_TTL_S, now: float | None = None) -> str:
+    """A token for ``user`` valid ``ttl_s`` seconds; ValueError (a message for
+    people) for a bad user id, a lifetime over ``max_ttl_s`` or no secret."""
+    if len(secret.encode()) < _MIN_SECRET or secret in PUBLIC_SECRETS:
+        raise ValueError("no usable secret (IM_AUTH_SECRET, at least 32 bytes)")
+    if why := check_user_id(user):
+        raise ValueError(why)
+    if not 0 < ttl_s <= max_ttl_s:
+        raise ValueError(f"--ttl must be 1..{max_ttl_s} seconds (the maximum token "
+                         "lifetime, IM_AUTH_MAX_TTL_S)")
+    issued = int(time.time() if now is None else now)
+    return jwt.encode({"sub": user, "iat": issued, "exp": issued + ttl_s}, secret, ALGORITHM)
+
+
+@dataclass(frozen=True)
+class TokenVerifier:
+    """Checks tokens against one secret and the lifetime rules."""
+
+    secret: str
+    max_ttl_s: float = DEFAULT_MAX_TTL_S
+    leeway_s: float = DEFAULT_LEEWAY_S
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TokenVerifier:
+        return cls(settings.auth_secret, settings.auth_max_ttl_s, settings.auth_leeway_s)
+
+    def verify(self, token: str | None, now: float | None = None) -> str:
+        """Return the user id in a valid token; raise ``unauthorized`` otherwise."""
+        if not token:
+            raise _refuse("a token is required")
+        if len(self.secret.encode()) < _MIN_SECRET or self.secret in PUBLIC_SECRETS:
+            raise _refuse("token is invalid")  # no usable secret: nothing verifies
+        try:
+            claims = jwt.decode(token, self.secret, algorithms=[ALGORITHM],
+                                options=_DECODE_OPTIONS)
+        except jwt.PyJWTError:
+            raise _refuse("token is invalid") from None
+        check_times(claims, time.time() if now is None else now, self.max_ttl_s,
+                    self.leeway_s)
+        sub = claims.get("sub")
+        if check_user_id(sub) is not None:
+            raise _refuse("token subject is not a valid user id")
+        assert isinstance(sub, str)
+        return sub
+
+
+def verify_token(secret: str, token: str | None, *, max_ttl_s: float = DEFAULT_MAX_TTL_S,
+                 leeway_s: float = DEFAULT_LEEWAY_S, now: float | None = None) -> str:
+    """``TokenVerifier(secret, max_ttl_s, leeway_s).verify(token, now)``."""
+    return TokenVerifier(secret, max_ttl_s, leeway_s).verify(token, now)
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -44,3 +166,76 @@ def bearer_token(header: str | None) -> str | None:
     if header and header[:7].lower() == "bearer ":
         return header[7:].strip() or None
     return None
+
+
+# -- the secret -----------------------------------------------------------------
+class SecretError(Exception):
+    """The local secret file cannot be used; the message says why and where."""
+
+
+def secret_path(settings: Settings, env: Mapping[str, str] | None = None) -> Path:
+    """``IM_AUTH_SECRET_FILE``, else ``$XDG_STATE_HOME/imgate/auth_secret``
+    (``~/.local/state/imgate/auth_secret``)."""
+    if settings.auth_secret_file:
+        return Path(settings.auth_secret_file).expanduser()
+    env = os.environ if env is None else env
+    state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "imgate" / "auth_secret"
+
+
+def load_secret(path: Path) -> str:
+    """The secret kept in ``path``, made on first use: 32 random bytes, in a file
+    of mode 0600 owned by this user. Creation is atomic (written aside, then
+    hard-linked into place, which fails if the name exists), so nodes starting
+    together agree on one secret."""
+    try:
+        return _read_secret(path)
+    except FileNotFoundError:
+        pass
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".auth_secret.")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another process made it first: use theirs
+        finally:
+            os.unlink(tmp)
+    except OSError as exc:
+        raise SecretError(f"cannot create the secret file {path}: {exc.strerror}") from None
+    return _read_secret(path)
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SecretError(f"cannot read the secret file {path}: {exc.strerror}") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise SecretError(f"the secret file {path} must be a regular file of this user")
+        if st.st_mode & 0o077:
+            raise SecretError(f"the secret file {path} is open to other users "
+                              f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it")
+        secret = f.read().strip()
+    if len(secret.encode()) < _MIN_SECRET or secret in PUBLIC_SECRETS:
+        raise SecretError(f"the secret file {path} holds no usable secret (32+ bytes); "
+                          "delete it to make a new one")
+    return secret
+
+
+def with_secret(settings: Settings) -> tuple[Settings, Path | None]:
+    """``settings`` with a usable ``auth_secret``: the configured one (and None),
+    or the local file's (and its path, for the warning the caller logs)."""
+    if settings.auth_secret:
+        return settings, None
+    path = secret_path(settings)
+    return replace(settings, auth_secret=load_secret(path)), path

@@ -7,9 +7,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-__all__ = ["ConfigError", "Settings"]
+__all__ = ["PUBLIC_SECRETS", "ConfigError", "Settings"]
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_-]{1,32}")
+# Secrets once shipped as defaults: public, so never accepted (nor verified).
+PUBLIC_SECRETS = frozenset({"dev-only-secret-change-me-0123456789"})
 
 
 class ConfigError(ValueError):
@@ -23,7 +25,7 @@ class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     mongo_url: str = "mongodb://127.0.0.1:27017"
-    auth_secret: str = "dev-only-secret-change-me-0123456789"
+    auth_secret: str = ""  # unset: a random secret kept in IM_AUTH_SECRET_FILE (gateway.auth)
     node_id: int = -1  # -1: lease a free id from Redis at start-up
     host: str = "127.0.0.1"
     ws_port: int = 8080
@@ -44,6 +46,12 @@ class Settings:
     max_inflight: int = 64  # concurrent sends per connection
     write_buffer_max: int = 1 << 20  # bytes queued on a socket before pushes skip it
     bad_frame_limit: int = 20  # bad frames per connection before close 1008
+    op_rate: float = 300.0  # frames per second per connection, every op (recv_ack costs more)
+    op_burst: int = 600
+    refuse_rate: float = 10.0  # rate_limited refusals per second a connection may earn...
+    refuse_burst: int = 100  # ...before it is closed with 1008 (it keeps flooding)
+    reply_buffer_max: int = 1 << 20  # bytes queued on a socket before a reply closes it
+    max_conns_per_user: int = 10  # WebSocket connections of one user on one node
     batch_max: int = 256  # documents per Mongo batch / commands per Redis pipeline
     mongo_linger_ms: float = 2.0  # wait this long for a Mongo write batch to fill
     mongo_inflight: int = 1  # Mongo write batches in flight at once
@@ -68,6 +76,20 @@ class Settings:
     heartbeat_s: float = 2.0
     heartbeat_ttl_s: float = 6.0
     drain_timeout_s: float = 10.0
+    # -- HTTP edge and tokens (issue 11) --
+    env: str = "development"  # "production": no start without IM_AUTH_SECRET
+    auth_secret_file: str = ""  # "": $XDG_STATE_HOME (~/.local/state)/imgate/auth_secret
+    auth_max_ttl_s: int = 30 * 86_400  # longest token lifetime: exp - iat, exp - now
+    auth_leeway_s: int = 30  # clock skew allowed on exp, iat, nbf
+    http_header_timeout_s: float = 10.0  # request line + headers must arrive within this
+    http_body_timeout_s: float = 30.0  # the body must arrive within this after the headers
+    http_body_max: int = 65_536  # bytes of a request body (over: 413, unread)
+    http_rate: float = 50.0  # HTTP calls per second per user on a node; 0: no limit
+    http_burst: int = 100
+    feed_follow_max: int = 2000  # users one user may follow (Weibo's cap)
+    metrics_host: str = "127.0.0.1"  # /metrics listener, apart from the API
+    metrics_port: int = 9464  # 0: any free port; -1: no separate listener
+    metrics_public: int = 0  # 1: also serve /metrics on the API port
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -90,9 +112,11 @@ class Settings:
             raise ConfigError("IM_NODE_ID must be in 0..255 (or unset to lease one)")
         if self.broker not in ("rabbitmq", "memory"):
             raise ConfigError("IM_BROKER must be rabbitmq or memory")
-        if len(self.auth_secret.encode()) < 32:
+        if self.auth_secret and len(self.auth_secret.encode()) < 32:
             raise ConfigError("IM_AUTH_SECRET must be at least 32 bytes (RFC 7518 3.2 for HS256)")
         for name in ("max_body", "max_frame", "offline_max", "batch_max", "pending_max",
+                     "op_rate", "op_burst", "refuse_rate", "refuse_burst", "reply_buffer_max",
+                     "max_conns_per_user",
                      "room_window_ms", "room_buffer_max", "room_pending_max",
                      "room_max_per_conn", "room_report_s", "room_refresh_s", "stuck_close_s",
                      "feed_timeline_max", "feed_text_max", "feed_queue_max"):
@@ -102,6 +126,29 @@ class Settings:
                      "group_write_diffusion_max", "group_max_members", "feed_push_max"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"IM_{name.upper()} must not be negative")
+        self._validate_edge()
+
+    def _validate_edge(self) -> None:
+        """The HTTP edge and token settings."""
+        if self.env not in ("development", "production"):
+            raise ConfigError("IM_ENV must be development or production")
+        if self.auth_secret in PUBLIC_SECRETS:
+            raise ConfigError("IM_AUTH_SECRET is a published development value; "
+                              "set a secret of your own")
+        if self.env == "production" and not self.auth_secret:
+            raise ConfigError("IM_ENV=production needs IM_AUTH_SECRET (at least 32 bytes); "
+                              "refusing to start on a generated secret")
+        for name in ("auth_max_ttl_s", "http_header_timeout_s", "http_body_timeout_s",
+                     "http_body_max", "http_burst", "feed_follow_max"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"IM_{name.upper()} must be positive")
+        for name in ("auth_leeway_s", "http_rate"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"IM_{name.upper()} must not be negative")
+        if not -1 <= self.metrics_port <= 65_535:
+            raise ConfigError("IM_METRICS_PORT must be a port, 0 (any free one) or -1 (none)")
+        if self.metrics_public not in (0, 1):
+            raise ConfigError("IM_METRICS_PUBLIC must be 0 or 1")
 
 
 def _convert(name: str, raw: str, kind: type) -> object:

@@ -77,10 +77,21 @@ class FeedService:
         if user == other:
             raise ProtocolError("bad_request", "you cannot follow yourself")
         if yes:
+            await self._check_follow_cap(user, other)
             await self.follows.follow(user, other)
-        else:
+        else:  # always allowed, also past the cap
             await self.follows.unfollow(user, other)
         await self.cache.followed(user, other, yes)
+
+    async def _check_follow_cap(self, user: str, other: str) -> None:
+        """``IM_FEED_FOLLOW_MAX`` (every timeline read merges what the reader
+        follows). Following someone followed already stays a no-op at the cap.
+        Concurrent follows of one user may pass it by the few in flight."""
+        cap = self.settings.feed_follow_max
+        count = int((await self.follows.user(user)).get("following", 0))
+        if count >= cap and other not in await self.cache.following(user):
+            raise ProtocolError("forbidden", f"you follow {count} users; the limit is {cap} "
+                                "(unfollow someone first)")
 
     async def profile(self, user: str) -> dict[str, Any]:
         doc = await self.follows.user(user)
@@ -96,6 +107,8 @@ class FeedService:
     # -- posts -----------------------------------------------------------------------
     async def create(self, author: str, text: str, repost_of: int | None,
                      reply_to: int | None) -> dict[str, Any]:
+        if not _is_unicode(text):
+            raise ProtocolError("bad_request", "text must be valid Unicode (no lone surrogates)")
         if len(text) > self.settings.feed_text_max:
             raise ProtocolError("too_large", f"text is {len(text)} characters; the limit is "
                                 f"{self.settings.feed_text_max}")
@@ -118,7 +131,13 @@ class FeedService:
                "counts": {"reposts": 0, "comments": 0, "likes": 0}}
         if pushed:  # before the insert: from the moment it exists, readers merge it
             await self.cache.pending(author, post, True)
-        await self.posts.insert_post(doc)
+        try:
+            await self.posts.insert_post(doc)
+        except BaseException:
+            if pushed:  # not stored: readers must not wait for its fan-out
+                with contextlib.suppress(Unavailable):
+                    await self.cache.pending(author, post, False)
+            raise
         if not comment:
             await self.timelines.push(post, author, [author])  # the author sees it at once
             if not pushed:
@@ -239,3 +258,13 @@ class FeedService:
             if floor is not None:
                 await self.cache.set_floor(user, floor)
             await self.cache.trimmed(user, keep)
+
+
+def _is_unicode(text: str) -> bool:
+    """False for a str holding a lone surrogate (JSON can escape one; no store
+    can encode it)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -5,23 +5,31 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from core.ids import mid_time_ms
 from gateway.protocol import encode
 from store.records import ChatMessage, GroupMessage, StoredMessage
 
-__all__ = ["encode_group", "frame_of", "group_frame", "msg_frame"]
+__all__ = ["body_value", "encode_group", "frame_of", "group_frame", "msg_frame"]
+
+
+def body_value(body: Any) -> Any:
+    """A stored body as a frame carries it: encoded JSON bytes go in as they are
+    (``orjson.Fragment``); a body stored as a document (older messages) as is."""
+    return orjson.Fragment(body) if isinstance(body, bytes) else body
 
 
 def msg_frame(m: ChatMessage) -> dict[str, Any]:
     """The ``msg`` push / sync entry."""
-    return {"op": "msg", "mid": m.mid, "from": m.sender, "to": m.to, "body": m.body,
+    return {"op": "msg", "mid": m.mid, "from": m.sender, "to": m.to, "body": body_value(m.body),
             "ts": mid_time_ms(m.mid)}
 
 
 def group_frame(m: GroupMessage) -> dict[str, Any]:
     """The ``group_msg`` push / sync entry."""
     return {"op": "group_msg", "mid": m.mid, "seq": m.seq, "group": m.group,
-            "from": m.sender, "body": m.body, "ts": mid_time_ms(m.mid)}
+            "from": m.sender, "body": body_value(m.body), "ts": mid_time_ms(m.mid)}
 
 
 def frame_of(m: StoredMessage) -> dict[str, Any]:

@@ -175,8 +175,8 @@ class GroupService:
             return out
         try:
             stored = await self.store.insert(allocated)
-        except Unavailable:
-            self._repair(allocated)  # their seqs get tombstones once MongoDB is back
+        except Exception:  # down, or an item it refused: nothing of the batch is acked
+            self._repair(allocated)  # their seqs get tombstones (once MongoDB is back)
             raise
         ok: list[_Stored] = []
         for i, m in zip(where, stored, strict=True):

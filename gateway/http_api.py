@@ -1,110 +1,119 @@
 """The HTTP API (FastAPI): offline sync, conversations, history, groups, rooms, the
-feed, health, metrics.
+feed, health; ``/metrics`` on its own listener (``build_metrics_http``).
 
-Every error answers ``{"error": {"code", "message"}}`` with the status of its
-code; a validation failure is a 400, a dependency that is down a 503, and
-nothing raw (a traceback, a driver message) reaches the client.
+Every ``/v1/`` call passes ``gateway.http_guard.HttpGuard`` first (token,
+rate, body limit, before the body is read); the route takes the caller from
+the scope. Every error answers ``{"error": {"code", "message"}}`` with the
+status of its code (``gateway.http_models.ErrorBody``, documented per route
+in ``/openapi.json``); a validation failure is a 400, a dependency that is
+down a 503, and nothing raw (a traceback, a driver message) reaches the
+client. No Swagger UI is served (it would load its assets from a CDN).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import orjson
-from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.errors import Unavailable
 from core.ids import MAX_MID
-from gateway.auth import bearer_token, verify_token
+from gateway.auth import TokenVerifier
 from gateway.chat import ChatService
 from gateway.conversations import Conversations
 from gateway.errors import HTTP_STATUS, ProtocolError
 from gateway.feed import FeedService
 from gateway.groups import GroupService
+from gateway.http_guard import USER_KEY, HttpGuard, HttpLimits, error_bytes
+from gateway.http_models import (
+    ConversationList,
+    GroupCreated,
+    Health,
+    HistoryPage,
+    Id,
+    NewGroup,
+    NewMembers,
+    NewPost,
+    Ok,
+    PostOut,
+    PostPage,
+    Profile,
+    ReadMark,
+    RoomOnline,
+    SyncAck,
+    SyncPage,
+    UserId,
+    UserPage,
+    errors,
+)
 from gateway.live import LiveRooms
 from gateway.metrics import NodeMetrics
-from gateway.protocol import ID_PATTERN, check_id
 
-__all__ = ["HttpDeps", "build_http"]
+__all__ = ["HttpDeps", "build_http", "build_metrics_http"]
 
 log = logging.getLogger("gateway.http")
 MAX_LIMIT = 200
+METRICS_TYPE = "text/plain; version=0.0.4"
 
-Mid = Annotated[StrictInt, Field(ge=0, le=MAX_MID)]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
-ConvId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN.pattern)]
 PostId = Annotated[int, Path(ge=0, le=MAX_MID)]
 Cursor = Annotated[int | None, Query(ge=0, le=MAX_MID)]
-IdCursor = Annotated[str | None, Query(max_length=64, pattern=ID_PATTERN.pattern)]
-MemberId = Annotated[str, Field(min_length=1, max_length=64, pattern=ID_PATTERN.pattern,
-                                strict=True)]
+UserCursor = Annotated[UserId | None, Query()]
+
+# Error statuses each kind of call can answer (documented in /openapi.json).
+READ = errors(400, 401, 429, 500, 503)
+WRITE = errors(400, 401, 413, 429, 500, 503)
+
+bearer = HTTPBearer(auto_error=False, bearerFormat="JWT",
+                    description="a JWT (HS256) whose `sub` is the user id")
 
 
-def current_user(request: Request) -> str:
-    """The caller, from ``Authorization: Bearer``; 401 otherwise."""
-    token = bearer_token(request.headers.get("authorization"))
-    secret: str = request.app.state.auth_secret
-    return verify_token(secret, token)
+def current_user(request: Request,
+                 _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]) -> str:
+    """The caller: ``HttpGuard`` checked the token before the body was read."""
+    user = request.scope.get(USER_KEY)
+    if not isinstance(user, str):
+        raise ProtocolError("unauthorized", "a token is required")
+    return user
 
 
 User = Annotated[str, Depends(current_user)]
 
 
-class SyncAck(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    upto: Mid
-
-
-class NewGroup(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: Annotated[str, Field(min_length=1, max_length=128)]
-    members: Annotated[list[MemberId], Field(max_length=1000)] = []
-
-
-class NewMembers(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    members: Annotated[list[MemberId], Field(min_length=1, max_length=1000)]
-
-
-class NewPost(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: Annotated[str, Field(strict=True)]
-    repost_of: Annotated[StrictInt, Field(ge=0, le=MAX_MID)] | None = None
-    reply_to: Annotated[StrictInt, Field(ge=0, le=MAX_MID)] | None = None
-
-
-class ReadMark(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    mid: Mid
-
-
-class JSON(Response):
-    """orjson-encoded body: stored message bytes pass through as ``orjson.Fragment``."""
-
-    media_type = "application/json"
+class JSON(JSONResponse):
+    """orjson-encoded body: stored message bytes pass through as ``orjson.Fragment``.
+    (A ``JSONResponse`` so that FastAPI documents each route's answer model.)"""
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
 
 
-def _error(code: str, message: str, status: int | None = None) -> JSON:
-    return JSON({"error": {"code": code, "message": message}},
-                status_code=status or HTTP_STATUS[code])
+def _ok() -> JSON:
+    return JSON({"ok": True})
+
+
+def _error(code: str, message: str, status: int | None = None,
+           headers: Mapping[str, str] | None = None) -> Response:
+    return Response(error_bytes(code, message), status_code=status or HTTP_STATUS[code],
+                    media_type="application/json", headers=headers)
 
 
 @dataclass(frozen=True)
 class HttpDeps:
-    """What the HTTP API calls: the services, and the node's health."""
+    """What the HTTP API calls: the services, the node's health, its edge limits."""
 
     node: str
-    auth_secret: str
+    verifier: TokenVerifier
     chat: ChatService
     conversations: Conversations
     groups: GroupService
@@ -112,158 +121,249 @@ class HttpDeps:
     live: LiveRooms
     metrics: NodeMetrics
     healthy: Callable[[], Awaitable[bool]]
+    limits: HttpLimits = HttpLimits()
+    metrics_public: bool = False  # also serve /metrics here (IM_METRICS_PUBLIC)
 
 
 def build_http(deps: HttpDeps) -> FastAPI:
-    """The node's HTTP API; ``/docs`` and ``/openapi.json`` describe it."""
-    app = FastAPI(title="imgate", version="1", default_response_class=JSON)
+    """The node's HTTP API; ``/openapi.json`` describes it."""
+    app = FastAPI(title="imgate", version="1", default_response_class=JSON, docs_url=None,
+                  redoc_url=None, redirect_slashes=False, separate_input_output_schemas=False)
     _install_error_handlers(app)
-    app.state.auth_secret = deps.auth_secret
-    chat, convs, groups, feed, live = (deps.chat, deps.conversations, deps.groups, deps.feed,
-                                       deps.live)
+    _install_openapi(app)
+    app.add_middleware(HttpGuard, verifier=deps.verifier, limits=deps.limits,
+                       routes=app.router.routes,
+                       count=lambda route, status: deps.metrics.http_requests.labels(
+                           route, str(status)).inc())
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=Health, responses=errors(500, 503))
     async def healthz() -> Response:
+        """200 while this node can serve (Redis and MongoDB answer, not draining)."""
         if not await deps.healthy():
             return _error("unavailable", "node cannot serve")
         return JSON({"ok": True, "node": deps.node})
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(deps.metrics.render(), media_type="text/plain; version=0.0.4")
+    if deps.metrics_public:
+        @app.get("/metrics", response_class=PlainTextResponse,
+                 responses={200: {"description": "Prometheus text format 0.0.4",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}}})
+        async def metrics() -> Response:
+            """Prometheus metrics (here only with IM_METRICS_PUBLIC=1)."""
+            return Response(deps.metrics.render(), media_type=METRICS_TYPE)
 
-    @app.get("/v1/sync")
+    _messages(app, deps)
+    _groups_and_rooms(app, deps)
+    _feed(app, deps)
+    return app
+
+
+def _messages(app: FastAPI, deps: HttpDeps) -> None:
+    chat, convs = deps.chat, deps.conversations
+
+    @app.get("/v1/sync", response_model=SyncPage, responses=READ)
     async def sync(user: User, since: Annotated[int, Query(ge=0, le=MAX_MID)] = 0,
                    limit: Limit = 100) -> JSON:
+        """The caller's messages after ``since``, oldest first, 1:1 and group."""
         page = await convs.sync(user, since, limit)
         return JSON({"msgs": page.msgs, "next": page.next, "more": page.more})
 
-    @app.post("/v1/sync/ack")
+    @app.post("/v1/sync/ack", response_model=Ok, responses=WRITE)
     async def sync_ack(user: User, body: SyncAck) -> JSON:
+        """Offline entries up to ``upto`` are dropped."""
         await chat.sync_ack(user, body.upto)
-        return JSON({"ok": True})
+        return _ok()
 
-    @app.get("/v1/conversations")
+    @app.get("/v1/conversations", response_model=ConversationList, responses=READ)
     async def conversations(user: User, limit: Limit = 100) -> JSON:
         return JSON(await convs.conversations(user, limit))
 
-    @app.post("/v1/conversations/{conv}/read")
-    async def read(user: User, conv: ConvId, body: ReadMark) -> JSON:
-        await convs.mark_read(user, check_id(conv, "conv"), body.mid)
-        return JSON({"ok": True})
+    @app.post("/v1/conversations/{conv}/read", response_model=Ok,
+              responses={**WRITE, **errors(403, 404)})
+    async def read(user: User, conv: Id, body: ReadMark) -> JSON:
+        """Read up to ``mid`` in a conversation (a peer, or ``g:GROUP``)."""
+        await convs.mark_read(user, conv, body.mid)
+        return _ok()
 
-    @app.get("/v1/history/{conv}")
-    async def history(user: User, conv: ConvId,
+    @app.get("/v1/history/{conv}", response_model=HistoryPage,
+             responses={**READ, **errors(403)})
+    async def history(user: User, conv: Id,
                       before: Annotated[int | None, Query(ge=0, le=MAX_MID)] = None,
                       limit: Limit = 50) -> JSON:
-        msgs, nxt = await convs.history(user, check_id(conv, "conv"), before, limit)
+        """The caller's own conversation, newest first."""
+        msgs, nxt = await convs.history(user, conv, before, limit)
         return JSON({"msgs": msgs, "next": nxt})
 
-    @app.post("/v1/groups")
+
+def _groups_and_rooms(app: FastAPI, deps: HttpDeps) -> None:
+    groups, live = deps.groups, deps.live
+
+    @app.post("/v1/groups", response_model=GroupCreated, responses=WRITE)
     async def create_group(user: User, body: NewGroup) -> JSON:
         """Create a group; the caller is its owner and a member."""
         return JSON({"group": await groups.create(user, body.name, body.members)})
 
-    @app.post("/v1/groups/{group}/members")
-    async def add_members(user: User, group: ConvId, body: NewMembers) -> JSON:
+    @app.post("/v1/groups/{group}/members", response_model=Ok,
+              responses={**WRITE, **errors(403, 404)})
+    async def add_members(user: User, group: Id, body: NewMembers) -> JSON:
         """Owner only; new members see messages from now on."""
         await groups.add(user, group, body.members)
-        return JSON({"ok": True})
+        return _ok()
 
-    @app.delete("/v1/groups/{group}/members/{member}")
-    async def remove_member(user: User, group: ConvId, member: ConvId) -> JSON:
+    @app.delete("/v1/groups/{group}/members/{member}", response_model=Ok,
+                responses={**READ, **errors(403, 404)})
+    async def remove_member(user: User, group: Id, member: UserId) -> JSON:
         """Owner only; the member gets nothing sent after this answer."""
         await groups.remove(user, group, member)
-        return JSON({"ok": True})
+        return _ok()
 
-    @app.post("/v1/follow/{other}")
-    async def follow(user: User, other: ConvId) -> JSON:
+    @app.get("/v1/rooms/{room}", response_model=RoomOnline, responses=READ)
+    async def room(_: User, room: Id) -> JSON:
+        """Members of a live room across all live nodes."""
+        return JSON({"room": room, "online": await live.online(room)})
+
+
+def _feed(app: FastAPI, deps: HttpDeps) -> None:
+    feed = deps.feed
+
+    @app.post("/v1/follow/{other}", response_model=Ok, responses={**READ, **errors(403)})
+    async def follow(user: User, other: UserId) -> JSON:
+        """Follow ``other``; 403 past IM_FEED_FOLLOW_MAX follows."""
         await feed.follow(user, other, True)
-        return JSON({"ok": True})
+        return _ok()
 
-    @app.delete("/v1/follow/{other}")
-    async def unfollow(user: User, other: ConvId) -> JSON:
+    @app.delete("/v1/follow/{other}", response_model=Ok, responses=READ)
+    async def unfollow(user: User, other: UserId) -> JSON:
         await feed.follow(user, other, False)
-        return JSON({"ok": True})
+        return _ok()
 
-    @app.get("/v1/users/{other}")
-    async def profile(_: User, other: ConvId) -> JSON:
+    @app.get("/v1/users/{other}", response_model=Profile, responses=READ)
+    async def profile(_: User, other: UserId) -> JSON:
         """Follow counts (an extension of the contract)."""
         return JSON(await feed.profile(other))
 
-    @app.get("/v1/users/{other}/following")
-    async def following(_: User, other: ConvId, cursor: IdCursor = None,
+    @app.get("/v1/users/{other}/following", response_model=UserPage, responses=READ)
+    async def following(_: User, other: UserId, cursor: UserCursor = None,
                         limit: Limit = 50) -> JSON:
         """Who ``other`` follows, by id, seek-paginated (an extension)."""
         return JSON(await feed.follow_page("following", other, cursor, limit))
 
-    @app.get("/v1/users/{other}/followers")
-    async def followers(_: User, other: ConvId, cursor: IdCursor = None,
+    @app.get("/v1/users/{other}/followers", response_model=UserPage, responses=READ)
+    async def followers(_: User, other: UserId, cursor: UserCursor = None,
                         limit: Limit = 50) -> JSON:
         """Who follows ``other``, by id, seek-paginated (an extension)."""
         return JSON(await feed.follow_page("followers", other, cursor, limit))
 
-    @app.post("/v1/posts")
+    @app.get("/v1/users/{other}/posts", response_model=PostPage, responses=READ)
+    async def user_posts(_: User, other: UserId, cursor: Cursor = None,
+                         limit: Limit = 50) -> JSON:
+        return JSON(await feed.user_posts(other, cursor, limit))
+
+    @app.post("/v1/posts", response_model=PostOut, responses={**WRITE, **errors(404)})
     async def create_post(user: User, body: NewPost) -> JSON:
         return JSON({"post": await feed.create(user, body.text, body.repost_of,
                                                body.reply_to)})
 
-    @app.delete("/v1/posts/{post}")
+    @app.delete("/v1/posts/{post}", response_model=Ok, responses={**READ, **errors(403, 404)})
     async def delete_post(user: User, post: PostId) -> JSON:
+        """Author only."""
         await feed.delete(user, post)
-        return JSON({"ok": True})
+        return _ok()
 
-    @app.post("/v1/posts/{post}/like")
+    @app.post("/v1/posts/{post}/like", response_model=Ok, responses={**READ, **errors(404)})
     async def like(user: User, post: PostId) -> JSON:
         await feed.like(user, post)
-        return JSON({"ok": True})
+        return _ok()
 
-    @app.get("/v1/timeline")
-    async def timeline(user: User, cursor: Cursor = None, limit: Limit = 50) -> JSON:
-        return JSON(await feed.timeline(user, cursor, limit))
-
-    @app.get("/v1/users/{other}/posts")
-    async def user_posts(_: User, other: ConvId, cursor: Cursor = None,
-                         limit: Limit = 50) -> JSON:
-        return JSON(await feed.user_posts(other, cursor, limit))
-
-    @app.get("/v1/posts/{post}/comments")
+    @app.get("/v1/posts/{post}/comments", response_model=PostPage,
+             responses={**READ, **errors(404)})
     async def comments(_: User, post: PostId, cursor: Cursor = None,
                        limit: Limit = 50) -> JSON:
         return JSON(await feed.comments(post, cursor, limit))
 
-    @app.get("/v1/rooms/{room}")
-    async def room(_: User, room: ConvId) -> JSON:
-        """Members of a live room across all live nodes."""
-        room = check_id(room, "room")
-        return JSON({"room": room, "online": await live.online(room)})
-
-    return app
+    @app.get("/v1/timeline", response_model=PostPage, responses=READ)
+    async def timeline(user: User, cursor: Cursor = None, limit: Limit = 50) -> JSON:
+        """Posts of the people the caller follows and its own, newest first."""
+        return JSON(await feed.timeline(user, cursor, limit))
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ProtocolError)
-    async def protocol_error(_: Request, exc: ProtocolError) -> JSON:
+    async def protocol_error(_: Request, exc: ProtocolError) -> Response:
         return _error(exc.code, exc.message)
 
     @app.exception_handler(Unavailable)
-    async def unavailable(_: Request, exc: Unavailable) -> JSON:
+    async def unavailable(_: Request, exc: Unavailable) -> Response:
         log.warning("unavailable: %s", exc)
         return _error("unavailable", "a dependency is down; retry later")
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSON:
+    async def invalid(_: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "request"
-        return _error("bad_request", f"{where}: {first.get('msg', 'invalid')}")
+        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        return _error("bad_request", f"{where}: {message}")
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSON:
-        code = {404: "not_found", 405: "bad_request", 401: "unauthorized",
-                403: "forbidden"}.get(exc.status_code, "bad_request")
-        return _error(code, str(exc.detail), exc.status_code)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 401: "unauthorized", 403: "forbidden", 413: "too_large",
+                429: "rate_limited", 503: "unavailable"}.get(exc.status_code, "bad_request")
+        headers = exc.headers
+        if exc.status_code == 405:  # RFC 9110 15.5.6: Allow lists every method of the path
+            headers = {"Allow": _allowed_methods(request)}
+        return _error(code, str(exc.detail), exc.status_code, headers)
 
     @app.exception_handler(Exception)
-    async def internal(_: Request, exc: Exception) -> JSON:
+    async def internal(_: Request, exc: Exception) -> Response:
         log.error("internal error", exc_info=exc)
         return _error("internal", "internal error")
+
+
+def _allowed_methods(request: Request) -> str:
+    """The methods of every route whose path matches (Starlette names only the
+    first route's, and e.g. ``/v1/follow/{other}`` is two routes)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """``/openapi.json`` without FastAPI's 422 (this API answers 400 instead)."""
+    plain = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = plain()
+            for ops in schema.get("paths", {}).values():
+                for op in ops.values():
+                    op.get("responses", {}).pop("422", None)
+            defs = schema.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                defs.pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def build_metrics_http(metrics: NodeMetrics) -> ASGIApp:
+    """The ``/metrics`` listener's app (``IM_METRICS_HOST``/``IM_METRICS_PORT``)."""
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = [(b"content-type", b"application/json")]
+        if scope["path"] != "/metrics":
+            status, body = 404, error_bytes("not_found", "only /metrics is served here")
+        elif scope["method"] not in ("GET", "HEAD"):
+            status, body = 405, error_bytes("bad_request", "method not allowed")
+            headers.append((b"allow", b"GET, HEAD"))
+        else:
+            status, body = 200, metrics.render()
+            headers = [(b"content-type", METRICS_TYPE.encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return serve

@@ -27,6 +27,7 @@ from core.ratelimit import TokenBucket
 from gateway.bindings import Bindings
 from gateway.config import Settings
 from gateway.errors import ProtocolError
+from gateway.frames import body_value
 from gateway.hub import Client
 from gateway.metrics import NodeMetrics
 from gateway.rooms import RoomHub
@@ -106,7 +107,8 @@ class LiveRooms:
         if not bucket.take(now):
             self.metrics.room_sends.labels("rate_limited").inc()
             raise ProtocolError("rate_limited", "too many room messages; slow down")
-        fragment = orjson.dumps({"from": client.user, "body": body, "ts": int(time.time() * 1000)})
+        fragment = orjson.dumps({"from": client.user, "body": body_value(body),
+                                 "ts": int(time.time() * 1000)})
         self.rooms.deliver_room(room, fragment, prio)
         self.metrics.room_sends.labels("accepted").inc()
         return self.router.publish_room(room, fragment, prio)

@@ -43,6 +43,8 @@ class NodeMetrics:
             buckets=stage_buckets, registry=r)
         self.closed = Counter("im_closed_total", "Connections closed by the node",
                               ["reason"], registry=r)
+        self.beats = Counter("im_heartbeats_total", "Lease renewals and heartbeats by "
+                             "result (held, lost, unavailable)", ["result"], registry=r)
         self.replays = Counter("im_broker_replays_total",
                                "Replays of offline entries after a broker outage", registry=r)
         self._rooms(r)

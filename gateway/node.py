@@ -14,20 +14,24 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import uvicorn
+from starlette.types import ASGIApp
 from websockets.asyncio.server import Server, serve
 
 from core.errors import Unavailable
 from gateway.app import App, Step, compose
 from gateway.config import Settings
 from gateway.frames import encode_group
+from gateway.http_api import build_metrics_http
+from gateway.http_guard import TimedH11Protocol
 from gateway.metrics import NodeMetrics
 from gateway.protocol import encode
 from store import Stores, open_stores
-from store.ports import NodeLease
-from store.records import InboxLimits
+from store.ports import LeaseKeeper, NodeLease
+from store.records import Beat, InboxLimits
 
 __all__ = ["Node", "StartupError"]
 
@@ -60,15 +64,21 @@ class Node:
         self.stores: Stores = open_stores(
             redis_url=s.redis_url, mongo_url=s.mongo_url, namespace=s.namespace,
             timeout_s=s.dep_timeout_s, lease_ttl_s=int(s.heartbeat_ttl_s),
+            heartbeat_ttl_s=s.heartbeat_ttl_s,
             limits=InboxLimits(offline_max=s.offline_max, offline_ttl_s=s.offline_ttl_s,
                                unread_cap=s.unread_cap, dedup_ttl_s=s.dedup_ttl_s),
             encode_group_last=encode_group, mongo_w=s.mongo_w)
         self.lease: NodeLease = self.stores.lease
+        self._keeper: LeaseKeeper | None = None
+        self._held_at = 0.0  # monotonic time the lease was last confirmed
         self._app: App | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._ws_server: Server | None = None
         self._http: _HttpServer | None = None
         self._http_task: asyncio.Task[None] | None = None
+        self.metrics_port = -1  # the /metrics listener's port; -1: none
+        self._metrics_http: _HttpServer | None = None
+        self._metrics_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
     @property
@@ -92,14 +102,23 @@ class Node:
             await app.start()
         except Exception:
             raise StartupError(f"cannot reach RabbitMQ at {_safe_url(s.amqp_url)}") from None
-        app.router.set_live(await self.stores.nodes.heartbeat(self.name, s.heartbeat_ttl_s))
+        self._keeper = self.stores.keeper(self.name, number, s.heartbeat_s)
+        self._held_at = time.monotonic()
+        await self.beat()  # learn the live nodes before routing anything
+        loop = asyncio.get_running_loop()
+
+        def report(result: Beat | Unavailable) -> None:  # on the keeper's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._on_beat, result)
+
+        self._keeper.start(report)
         await self._listen(app)
-        self._tasks.append(asyncio.create_task(self._every("heartbeat", s.heartbeat_s,
-                                                           self.beat)))
         self._tasks.append(asyncio.create_task(self._every("room housekeeping",
                                                            s.room_report_s, app.tick)))
-        log.info("node %s serving ws=%s:%d http=%s:%d namespace=%s", self.name, s.host,
-                 self.ws_port, s.host, self.http_port, s.namespace)
+        log.info("node %s serving ws=%s:%d http=%s:%d metrics=%s namespace=%s", self.name,
+                 s.host, self.ws_port, s.host, self.http_port,
+                 f"{s.metrics_host}:{self.metrics_port}" if self.metrics_port >= 0 else "off",
+                 s.namespace)
 
     async def _check_dependencies(self) -> None:
         s = self.settings
@@ -136,11 +155,25 @@ class Node:
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
         sock = socket.create_server((s.host, s.http_port), reuse_port=False)
         self.http_port = sock.getsockname()[1]
-        config = uvicorn.Config(app.http, log_level="warning", access_log=False,
-                                lifespan="off", loop="none")
-        self._http = _HttpServer(config)
+        self._http = self._http_server(app.http)
         # The socket already listens, so clients can connect before uvicorn is up.
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
+        if s.metrics_port >= 0:  # /metrics apart from the API (IM_METRICS_HOST/PORT)
+            msock = socket.create_server((s.metrics_host, s.metrics_port), reuse_port=False)
+            self.metrics_port = msock.getsockname()[1]
+            self._metrics_http = self._http_server(build_metrics_http(self.metrics))
+            self._metrics_task = asyncio.create_task(self._metrics_http.serve(sockets=[msock]))
+
+    def _http_server(self, asgi: ASGIApp) -> _HttpServer:
+        """uvicorn on h11 with header and body deadlines (``gateway.http_guard``)."""
+        s = self.settings
+        protocol = TimedH11Protocol.with_deadlines(
+            s.http_header_timeout_s, s.http_body_timeout_s,
+            lambda phase: self.metrics.closed.labels(f"http_{phase}_timeout").inc())
+        return _HttpServer(uvicorn.Config(
+            # "error": not a line per malformed request a client sends
+            asgi, log_level="error", access_log=False, lifespan="off", loop="none",
+            http=protocol, ws="none", server_header=False))
 
     # -- running -------------------------------------------------------------
     @staticmethod
@@ -156,18 +189,45 @@ class Node:
                 log.exception("%s failed", name)
 
     async def beat(self) -> None:
-        """Renew the lease and this node's liveness; learn which nodes live.
+        """One lease renewal and heartbeat now (the keeper's thread does this
+        every ``IM_HEARTBEAT_S`` on its own; tests call it to be exact)."""
+        keeper = self._keeper
+        if keeper is None:
+            raise RuntimeError("the node is not started")
+        self._on_beat(await asyncio.to_thread(keeper.beat_once))
 
-        A lease that had vanished means Redis lost its data (flush, failover):
-        the routes of every local connection are written again.
+    def _on_beat(self, result: Beat | Unavailable) -> None:
+        """Apply one beat of the ``LeaseKeeper`` (on the loop).
+
+        A lease another node holds now, or one not confirmed for most of its
+        ttl, stops the minting of mids until it is held again. A lease that
+        had vanished means Redis lost its data (flush, failover): the routes of
+        every local connection are written again.
         """
-        retaken = await self.lease.renew()
         app = self.app
-        app.router.set_live(await self.stores.nodes.heartbeat(self.name,
-                                                              self.settings.heartbeat_ttl_s))
-        if retaken:
+        now = time.monotonic()
+        if isinstance(result, Unavailable):
+            self.metrics.beats.labels("unavailable").inc()
+            log.warning("heartbeat failed: %s", result)
+            if now - self._held_at > 0.8 * self.settings.heartbeat_ttl_s:
+                app.mids.hold(False)
+            return
+        self.metrics.beats.labels("held" if result.held else "lost").inc()
+        if result.held:
+            self._held_at = now
+        elif app.mids.held:
+            log.error("node id lease held by another node: minting stopped")
+        app.mids.hold(result.held)
+        app.router.set_live(result.live)
+        if result.retaken:
+            self._tasks.append(asyncio.create_task(self._rewrite(app)))
+
+    async def _rewrite(self, app: App) -> None:
+        try:
             await app.registry.rewrite()
-            app.live.rewrite_counts()
+        except Unavailable as exc:
+            log.warning("rewriting routes failed: %s", exc)
+        app.live.rewrite_counts()
 
     async def healthy(self) -> bool:
         if self.draining:
@@ -224,6 +284,7 @@ class Node:
             ("background tasks", lambda: asyncio.gather(*self._tasks, return_exceptions=True)),
             ("http listener", self._close_http),
             *(self._app.closers() if self._app is not None else []),
+            ("lease keeper", self._stop_keeper),
             ("node lease", self.lease.release),
             ("stores", self.stores.close),
         ]
@@ -243,11 +304,17 @@ class Node:
             self._ws_server.close()
             await self._ws_server.wait_closed()
 
+    async def _stop_keeper(self) -> None:
+        if self._keeper is not None:
+            await asyncio.to_thread(self._keeper.stop)
+
     async def _close_http(self) -> None:
-        if self._http is not None:
-            self._http.should_exit = True
-            if self._http_task is not None:
-                await asyncio.gather(self._http_task, return_exceptions=True)
+        for server, task in ((self._http, self._http_task),
+                             (self._metrics_http, self._metrics_task)):
+            if server is not None:
+                server.should_exit = True
+                if task is not None:
+                    await asyncio.gather(task, return_exceptions=True)
 
 
 def _safe_url(url: str) -> str:

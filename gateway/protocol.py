@@ -43,7 +43,7 @@ class Send:
     id: object
     to: str
     cmid: str
-    body: Any
+    body: bytes  # encoded JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ class GroupSend:
     id: object
     group: str
     cmid: str
-    body: Any
+    body: bytes  # encoded JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ class Leave:
 class RoomSend:
     id: object
     room: str
-    body: Any
+    body: bytes  # encoded JSON
     prio: int
 
 
@@ -122,17 +122,21 @@ def _request_id(obj: dict[str, Any]) -> object:
     return rid
 
 
-def _body(obj: dict[str, Any], max_body: int, rid: object) -> Any:
+def _body(obj: dict[str, Any], max_body: int, rid: object) -> bytes:
+    """The body as encoded JSON bytes: it is carried, stored and returned as
+    these bytes, never re-encoded, so any JSON the codec reads can be stored
+    (a store's own document format, e.g. BSON's 8-byte integers or its rule
+    against NUL in keys, never sees the body's structure)."""
     if "body" not in obj:
         raise ProtocolError("bad_request", "body is required", rid)
-    body = obj["body"]
     try:
-        size = len(orjson.dumps(body))
+        raw = orjson.dumps(obj["body"])
     except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits
         raise ProtocolError("bad_request", "body is not encodable JSON", rid) from None
-    if size > max_body:
-        raise ProtocolError("too_large", f"body is {size} bytes; the limit is {max_body}", rid)
-    return body
+    if len(raw) > max_body:
+        raise ProtocolError("too_large", f"body is {len(raw)} bytes; the limit is {max_body}",
+                            rid)
+    return raw
 
 
 def _parse_send(obj: dict[str, Any], rid: object, max_body: int) -> Send:

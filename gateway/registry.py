@@ -42,6 +42,11 @@ class Registry:
         self._ops: Batcher[RouteOp, None] = Batcher(
             self._flush, name="redis", max_batch=max_batch, max_pending=max_pending)
 
+    def connections_of(self, user: str) -> int:
+        """This node's open connections of ``user``."""
+        devices = self.hub.users.get(user)
+        return len(devices) if devices else 0
+
     async def connected(self, client: Client) -> None:
         """Register a device locally and in the routes (so other nodes find it)."""
         self.hub.add(client)

@@ -21,6 +21,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from core.errors import Unavailable
 from gateway import protocol as p
@@ -40,7 +41,7 @@ __all__ = ["Pusher", "Sessions"]
 
 log = logging.getLogger("gateway.session")
 T = TypeVar("T")
-_REPLY_LIMIT = 1 << 30  # replies are never skipped for backlog (pushes are)
+YIELD_EVERY = 16  # frames read from one socket before the loop serves the others
 _HANDSHAKE_DONE = Request("/ws", Headers())
 
 
@@ -69,8 +70,10 @@ class Sessions:
         self.pusher = pusher
         self.metrics = metrics
         self.draining = draining
-        self.limits = sc.SessionLimits(settings.max_body, settings.bad_frame_limit,
-                                       settings.send_rate, settings.send_burst)
+        self.limits = sc.SessionLimits(
+            settings.max_body, settings.bad_frame_limit, settings.send_rate,
+            settings.send_burst, op_rate=settings.op_rate, op_burst=settings.op_burst,
+            refuse_rate=settings.refuse_rate, refuse_burst=settings.refuse_burst)
 
     # -- handshake -----------------------------------------------------------
     def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
@@ -80,9 +83,15 @@ class Sessions:
             return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "node is draining\n")
         token = bearer_token(request.headers.get("Authorization")) or _query_token(request.path)
         try:
-            conn.username = verify_token(self.settings.auth_secret, token)
+            user = verify_token(self.settings.auth_secret, token)
         except ProtocolError as err:
             return conn.respond(HTTPStatus.UNAUTHORIZED, err.message + "\n")
+        if self.registry.connections_of(user) >= self.settings.max_conns_per_user:
+            self.metrics.closed.labels("conn_cap").inc()
+            return conn.respond(HTTPStatus.TOO_MANY_REQUESTS,
+                                f"at most {self.settings.max_conns_per_user} connections "
+                                "per user on a node\n")
+        conn.username = user
         return None
 
     # -- connection ----------------------------------------------------------
@@ -90,13 +99,19 @@ class Sessions:
         # The handshake's headers are never read again: ~1.6 KB per idle connection.
         # (``request`` must stay set: websockets takes None for "handshake pending".)
         ws.request, ws.response = _HANDSHAKE_DONE, None
-        core = sc.SessionCore(self.limits, time.monotonic())  # limits, bad frames, send bucket
+        core = sc.SessionCore(self.limits, time.monotonic())  # budgets, bad frames
         client = Client(ws.username, ws)
         try:
             await self.registry.connected(client)
+            frames = 0
             async for data in ws:
                 for action in core.receive(data, time.monotonic()):
                     await self._act(client, action)
+                frames += 1
+                if frames % YIELD_EVERY == 0:
+                    # Frames already buffered are handed over without a pause: give
+                    # every other socket and timer its turn, whatever this one sends.
+                    await asyncio.sleep(0)
         except ConnectionClosed:
             pass
         finally:
@@ -108,7 +123,7 @@ class Sessions:
         elif isinstance(action, sc.Reply):
             if action.error is not None:
                 self.metrics.errors.labels(action.error).inc()
-            await self._send_bytes(client, action.data)
+            self._send_bytes(client, action.data)
         elif isinstance(action, sc.Spawn):
             await self._spawn(client, self._run(client, action.frame))
         elif isinstance(action, sc.Inline):
@@ -148,7 +163,7 @@ class Sessions:
         )
         if result is None:
             return
-        await self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid,
+        self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid,
                                    "mid": result.mid, "ts": result.ts})
         self.metrics.send_latency.observe(time.perf_counter() - started)
         if result.frame is not None:
@@ -161,7 +176,7 @@ class Sessions:
             client, f.id, lambda: self.groups.send(client.user, f.group, f.cmid, f.body))
         if result is None:
             return
-        await self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid, "mid": result.mid,
+        self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid, "mid": result.mid,
                                    "seq": result.seq, "ts": result.ts})
         if result.frame is not None:
             self.pusher.publish_group(f.group, result.frame, skip_conn=client.id)
@@ -170,7 +185,7 @@ class Sessions:
         done = await self._guarded(
             client, f.id, lambda: self.conversations.mark_read(client.user, f.conv, f.mid))
         if done is not None:
-            await self._reply(client, {"op": "ok", "re": f.id})
+            self._reply(client, {"op": "ok", "re": f.id})
 
     async def _recv_ack(self, client: Client, f: p.RecvAck) -> None:
         await self._guarded(client, f.id, lambda: self.chat.recv_ack(client.user, f.mids))
@@ -178,12 +193,16 @@ class Sessions:
     async def _join(self, client: Client, f: p.Join) -> None:
         online = await self._guarded(client, f.id, lambda: self.live.join(client, f.room))
         if online is not None:
-            await self._reply(client, {"op": "joined", "re": f.id, "room": f.room,
+            self._reply(client, {"op": "joined", "re": f.id, "room": f.room,
                                        "online": online})
 
     async def _leave(self, client: Client, f: p.Leave) -> None:
-        await self.live.leave(client, f.room)
-        await self._reply(client, {"op": "left", "re": f.id, "room": f.room})
+        async def leave() -> bool:
+            await self.live.leave(client, f.room)
+            return True
+
+        if await self._guarded(client, f.id, leave):
+            self._reply(client, {"op": "left", "re": f.id, "room": f.room})
 
     def _room_send(self, client: Client, f: p.RoomSend) -> None:
         """No task per message: the reply is written when the broker confirms."""
@@ -191,20 +210,18 @@ class Sessions:
             confirmed = self.live.send(client, f.room, f.body, f.prio)
         except ProtocolError as err:
             err.re = f.id
-            self.metrics.errors.labels(err.code).inc()
-            client.write(p.error_frame(err), _REPLY_LIMIT)
+            self._error(client, err)
             return
         ok = p.encode({"op": "ok", "re": f.id}) if f.id is not None else b'{"op":"ok"}'
 
         def reply(fut: asyncio.Future[None]) -> None:
             if fut.cancelled() or fut.exception() is not None:
                 self.metrics.room_sends.labels("unavailable").inc()
-                self.metrics.errors.labels("unavailable").inc()
-                client.write(p.error_frame(ProtocolError(
+                self._error(client, ProtocolError(
                     "unavailable", "the broker did not take the message; other nodes' members "
-                    "may not get it", f.id)), _REPLY_LIMIT)
+                    "may not get it", f.id))
             else:
-                client.write(ok, _REPLY_LIMIT)
+                self._send_bytes(client, ok)
 
         confirmed.add_done_callback(reply)
 
@@ -219,32 +236,36 @@ class Sessions:
             return await call()
         except ProtocolError as err:
             err.re = rid
-            await self._error(client, err)
+            self._error(client, err)
         except (Unavailable, TimeoutError) as exc:
             log.warning("unavailable for %s: %s", client.user, exc)
-            await self._error(client, ProtocolError(
+            self._error(client, ProtocolError(
                 "unavailable", "a dependency is down; nothing was stored, retry", rid))
         except Exception:
             log.exception("internal error")
-            await self._error(client, ProtocolError("internal", "internal error", rid))
+            self._error(client, ProtocolError("internal", "internal error", rid))
         return None
 
-    # -- replies -------------------------------------------------------------
-    async def _error(self, client: Client, err: ProtocolError) -> None:
+    # -- replies (never awaited; bounded like pushes) ------------------------
+    def _error(self, client: Client, err: ProtocolError) -> None:
         self.metrics.errors.labels(err.code).inc()
-        await self._send_bytes(client, p.error_frame(err))
+        self._send_bytes(client, p.error_frame(err))
 
-    async def _reply(self, client: Client, frame: dict[str, object]) -> None:
+    def _reply(self, client: Client, frame: dict[str, object]) -> None:
         if frame.get("re") is None:
             frame.pop("re", None)
-        await self._send_bytes(client, p.encode(frame))
+        self._send_bytes(client, p.encode(frame))
 
-    @staticmethod
-    async def _send_bytes(client: Client, data: bytes) -> None:
-        try:
-            await client.ws.send(data, text=True)
-        except ConnectionClosed:
-            pass
+    def _send_bytes(self, client: Client, data: bytes) -> None:
+        """Queue a reply on the socket. A client that does not read while it
+        keeps asking would grow the node's memory: past ``IM_REPLY_BUFFER_MAX``
+        queued bytes its connection is dropped (it reconnects and syncs)."""
+        if client.write(data, self.settings.reply_buffer_max):
+            return
+        ws = client.ws
+        if ws.protocol.state is State.OPEN:  # open but backed up: not a closed socket
+            self.metrics.closed.labels("reply_backlog").inc()
+            ws.transport.abort()
 
 
 def _query_token(path: str) -> str | None:

@@ -3,9 +3,16 @@
 Like websockets' ``protocol.py``, this core is fed what the socket received
 (``receive``) and answers with what to do; the asyncio layer only carries
 it out. It parses and validates the frame, counts bad frames (closing the
-connection at the limit), spends the connection's send tokens, answers
-pings, and says which ops run as tasks and which are handled at once. The
-clock is passed in.
+connection at the limit), spends the connection's budgets, answers pings,
+and says which ops run as tasks and which are handled at once. The clock is
+passed in.
+
+Budgets (token buckets, per connection): every frame spends from the op
+budget (``recv_ack`` one token per ``RECV_ACK_MIDS_PER_TOKEN`` mids more),
+sends also from the send budget; a frame over budget is refused with
+``rate_limited`` and costs nothing more. Each refusal spends from a third
+bucket: a connection that keeps flooding after being told empties it and is
+closed with 1008, so a flood costs the node a bounded number of replies.
 
 Actions, in the order they are to be carried out:
 - ``Accepted(op)``: a valid frame arrived (the ``frames_in`` metric's label);
@@ -43,14 +50,21 @@ POLICY_VIOLATION = 1008
 TaskFrame = p.Send | p.GroupSend | p.Read | p.RecvAck | p.Join | p.Leave
 
 
+RECV_ACK_MIDS_PER_TOKEN = 10  # one recv_ack of 1,000 mids costs 101 op tokens
+
+
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
-    """Per-connection limits: body bytes, bad frames before close, send rate."""
+    """Per-connection limits: body bytes, bad frames before close, budgets."""
 
     max_body: int
     bad_frame_limit: int
     send_rate: float
     send_burst: int
+    op_rate: float = 300.0
+    op_burst: int = 600
+    refuse_rate: float = 10.0
+    refuse_burst: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +111,13 @@ Action = Accepted | Reply | Spawn | Inline | Close
 class SessionCore:
     """One connection's frame handling: bad-frame count and send token bucket."""
 
+    __slots__ = ("limits", "_bucket", "_ops", "_refusals", "_bad_frames")
+
     def __init__(self, limits: SessionLimits, now: float) -> None:
         self.limits = limits
         self._bucket = TokenBucket(limits.send_rate, limits.send_burst, now)
+        self._ops = TokenBucket(limits.op_rate, limits.op_burst, now)
+        self._refusals = TokenBucket(limits.refuse_rate, limits.refuse_burst, now)
         self._bad_frames = 0
 
     @property
@@ -112,12 +130,26 @@ class SessionCore:
         try:
             frame = p.parse_frame(data, self.limits.max_body)
         except ProtocolError as err:
+            if not self._ops.take(now):
+                return self._over_budget(err.re, now)
             return self._refuse(err)
+        if not self._ops.take(now, _cost(frame)):
+            return self._over_budget(frame.id, now)
         return [Accepted(type(frame).__name__.lower()), self._dispatch(frame, now)]
+
+    def _over_budget(self, rid: object, now: float, what: str = "frames") -> list[Action]:
+        """``rate_limited``; or, for a connection that keeps flooding, close 1008."""
+        if not self._refusals.take(now):
+            return [Close(POLICY_VIOLATION, "flooding: too many frames over the budget",
+                          "flood")]
+        return [_error(ProtocolError("rate_limited", f"too many {what}; slow down", rid))]
 
     def _dispatch(self, frame: p.Frame, now: float) -> Action:
         if isinstance(frame, p.Send | p.GroupSend):
             if not self._bucket.take(now):
+                if not self._refusals.take(now):
+                    return Close(POLICY_VIOLATION, "flooding: too many sends over the budget",
+                                 "flood")
                 return _error(ProtocolError("rate_limited", "too many sends", frame.id))
             return Spawn(frame)
         if isinstance(frame, p.Ping):
@@ -137,6 +169,13 @@ class SessionCore:
         if self._bad_frames >= self.limits.bad_frame_limit:
             actions.append(Close(POLICY_VIOLATION, "too many bad frames", "bad_frames"))
         return actions
+
+
+def _cost(frame: p.Frame) -> float:
+    """Op tokens one frame spends: 1, and for ``recv_ack`` its mids' share."""
+    if isinstance(frame, p.RecvAck):
+        return 1 + len(frame.mids) // RECV_ACK_MIDS_PER_TOKEN
+    return 1
 
 
 def _error(err: ProtocolError) -> Reply:

@@ -22,6 +22,7 @@ from store.feed_redis import FeedCacheRedis
 from store.follows_mongo import FollowsMongo
 from store.groups_mongo import GroupsMongo
 from store.groups_redis import GroupCacheRedis
+from store.keeper_redis import LeaseKeeperRedis
 from store.keys import Keys
 from store.messages_mongo import MessagesMongo
 from store.mongo_client import connect_mongo, mongo_guard
@@ -55,6 +56,7 @@ class Stores:
     timelines: ports.TimelineStore
     feed_cache: ports.FeedCache
     counters: ports.CounterStore
+    keeper: Callable[[str, int, float], ports.LeaseKeeper]  # (node name, number, period)
     check_redis: Callable[[], Awaitable[None]]
     check_mongo: Callable[[], Awaitable[None]]
     prepare: Callable[[], Awaitable[None]]
@@ -62,7 +64,7 @@ class Stores:
 
 
 def open_stores(*, redis_url: str, mongo_url: str, namespace: str, timeout_s: float,
-                limits: InboxLimits, lease_ttl_s: int,
+                limits: InboxLimits, lease_ttl_s: int, heartbeat_ttl_s: float,
                 encode_group_last: Callable[[GroupMessage], bytes],
                 mongo_w: str = "majority") -> Stores:
     """Open the clients (lazily: nothing is sent until a store is used) and
@@ -76,6 +78,13 @@ def open_stores(*, redis_url: str, mongo_url: str, namespace: str, timeout_s: fl
     messages = MessagesMongo(mongo, namespace)
     groups = GroupsMongo(db)
     follows, posts = FollowsMongo(db), PostsMongo(db)
+
+    lease = NodeLeaseRedis(redis, keys, lease_ttl_s)
+
+    def keeper(name: str, number: int, period_s: float) -> ports.LeaseKeeper:
+        return LeaseKeeperRedis(redis_url, keys, name=name, number=number, token=lease.token,
+                                lease_ttl_s=lease_ttl_s, heartbeat_ttl_s=heartbeat_ttl_s,
+                                period_s=period_s, timeout_s=timeout_s)
 
     async def check_mongo() -> None:
         await messages.ping()
@@ -94,7 +103,7 @@ def open_stores(*, redis_url: str, mongo_url: str, namespace: str, timeout_s: fl
     return Stores(
         dedup=DedupRedis(redis, keys, limits.pending_ttl_s), offline=offline,
         messages=messages, routes=RoutesRedis(redis, keys),
-        nodes=NodeDirectoryRedis(redis, keys), lease=NodeLeaseRedis(redis, keys, lease_ttl_s),
+        nodes=NodeDirectoryRedis(redis, keys), lease=lease, keeper=keeper,
         rooms=RoomCountsRedis(redis, keys), groups=groups,
         group_cache=GroupCacheRedis(redis, keys, groups, encode_group_last),
         follows=follows, posts=posts, timelines=TimelineMongo(db),

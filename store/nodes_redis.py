@@ -2,14 +2,14 @@
 (``NodeLease``) and the heartbeats of live nodes (``NodeDirectory``).
 
 A node leases a numeric id (0..255, the node bits of every mid it issues)
-with ``SET NX EX`` and renews it with its heartbeat; while the lease lives
-no other node can take the number, so mids stay unique without manual care.
+with ``SET NX EX``; ``keeper_redis.py`` renews it with the heartbeat; while
+the lease lives no other node can take the number, so mids stay unique
+without manual care.
 """
 
 from __future__ import annotations
 
 import secrets
-import time
 
 import redis.asyncio as aioredis
 
@@ -20,16 +20,8 @@ from store.redis_client import redis_guard
 
 __all__ = ["NodeDirectoryRedis", "NodeLeaseRedis"]
 
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-end
-return redis.error_reply('lease lost')
-"""
-
-
 class NodeLeaseRedis:
-    """The numeric id a node holds, kept alive by ``renew``."""
+    """The numeric id a node holds (kept alive by ``keeper_redis.LeaseKeeperRedis``)."""
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
         self.redis = redis
@@ -37,7 +29,6 @@ class NodeLeaseRedis:
         self.ttl_s = ttl_s
         self.token = secrets.token_hex(8)
         self.number = -1
-        self._renew = redis.register_script(_RENEW)
 
     async def acquire(self, wanted: int = -1) -> int:
         """Take ``wanted`` (0..255), or the first free number when it is -1."""
@@ -52,20 +43,6 @@ class NodeLeaseRedis:
             raise Unavailable("redis", f"node id {wanted} is held by another live node")
         raise Unavailable("redis", "all 256 node ids are leased")
 
-    async def renew(self) -> bool:
-        """Extend the lease. Returns True if it had vanished (Redis lost its
-        data) and was taken again; raises if another node holds it now."""
-        async with redis_guard():
-            try:
-                await self._renew(keys=[self.keys.node_lease(self.number)],
-                                  args=[self.token, self.ttl_s])
-                return False
-            except aioredis.ResponseError:
-                if not await self.redis.set(self.keys.node_lease(self.number), self.token,
-                                            nx=True, ex=self.ttl_s):
-                    raise Unavailable("redis", "node id lease taken by another node") from None
-                return True
-
     async def release(self) -> None:
         async with redis_guard():
             if await self.redis.get(self.keys.node_lease(self.number)) == self.token.encode():
@@ -78,19 +55,6 @@ class NodeDirectoryRedis:
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-
-    async def heartbeat(self, node: str, ttl_s: float) -> dict[str, float]:
-        """Announce ``node`` alive until now + ttl; return the heartbeat expiry of
-        every node seen in the last hour (an expiry in the past: known dead)."""
-        now = time.time()
-        key = self.keys.nodes()
-        async with redis_guard():
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.zadd(key, {node: now + ttl_s})
-            pipe.zremrangebyscore(key, "-inf", now - 3600)  # forget the long dead
-            pipe.zrange(key, 0, -1, withscores=True)
-            *_, live = await pipe.execute()
-        return {name.decode(): float(expiry) for name, expiry in live}
 
     async def leave(self, node: str) -> None:
         async with redis_guard():

@@ -9,10 +9,12 @@ use the real implementations.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from core.errors import Unavailable
 from store.records import (
+    Beat,
     ChatMessage,
     ConversationRow,
     Delivery,
@@ -30,6 +32,7 @@ __all__ = [
     "FollowStore",
     "GroupCache",
     "GroupStore",
+    "LeaseKeeper",
     "MessageStore",
     "NodeDirectory",
     "NodeLease",
@@ -110,11 +113,22 @@ class RouteStore(Protocol):
 
 
 class NodeDirectory(Protocol):
-    """Which nodes are alive (heartbeats)."""
-
-    async def heartbeat(self, node: str, ttl_s: float) -> dict[str, float]: ...
+    """Which nodes are alive (heartbeats, written by the ``LeaseKeeper``)."""
 
     async def leave(self, node: str) -> None: ...
+
+
+class LeaseKeeper(Protocol):
+    """Renews the lease and the heartbeat from a thread of its own, so nothing
+    on the event loop can delay them; reports each beat."""
+
+    def start(self, report: Callable[[Beat | Unavailable], None]) -> None: ...
+
+    def beat_once(self) -> Beat | Unavailable:
+        """One beat now (blocking: run it off the event loop)."""
+        ...
+
+    def stop(self) -> None: ...
 
 
 class NodeLease(Protocol):
@@ -124,8 +138,6 @@ class NodeLease(Protocol):
     number: int
 
     async def acquire(self, wanted: int = -1) -> int: ...
-
-    async def renew(self) -> bool: ...
 
     async def release(self) -> None: ...
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "Beat",
     "ChatMessage",
     "ConversationRow",
     "Delivery",
@@ -98,3 +99,12 @@ class GroupState:
 class Membership:
     from_seq: int
     read_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """One lease renewal and heartbeat of a node."""
+
+    held: bool  # the node holds its number (it may mint mids)
+    retaken: bool  # the lease had vanished (Redis lost its data) and was taken again
+    live: dict[str, float]  # every node seen lately -> heartbeat expiry (unix s)

@@ -37,7 +37,7 @@ def base_settings(**overrides: Any) -> Settings:
     env = {k: v for k, v in os.environ.items() if k in
            ("IM_REDIS_URL", "IM_MONGO_URL", "IM_AMQP_URL")}
     values: dict[str, Any] = {"namespace": RUN_NS, "auth_secret": SECRET, "ws_port": 0,
-                              "http_port": 0, "node_id": -1}
+                              "http_port": 0, "metrics_port": 0, "node_id": -1}
     values.update(overrides)
     return Settings.from_env(env, **values)
 
@@ -107,7 +107,7 @@ async def node_process(mongo_db: Any) -> AsyncIterator[Callable[..., Awaitable[N
 
     async def factory(**settings: Any) -> NodeProcess:
         env = node_env(namespace=RUN_NS, auth_secret=SECRET, ws_port=0, http_port=0,
-                       **settings)
+                       metrics_port=0, **settings)
         proc = NodeProcess(env)
         procs.append(proc)
         return await proc.start()

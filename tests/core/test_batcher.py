@@ -101,3 +101,33 @@ def test_seek_page_cuts_at_limit_and_names_the_next_cursor():
     assert seek_page([5, 4], 2, lambda x: x) == ([5, 4], None)
     assert seek_page([], 2, lambda x: x) == ([], None)
     assert seek_page([{"id": 9}, {"id": 8}], 1, lambda d: d["id"]) == ([{"id": 9}], 9)
+
+
+async def test_a_poisoned_item_fails_alone_and_the_rest_of_its_batch_goes_through():
+    calls: list[list[int]] = []
+
+    async def flush(items: list[int]) -> list[int]:
+        calls.append(items)
+        if 13 in items:
+            raise ValueError("the store cannot hold 13")
+        return [i * 10 for i in items]
+
+    b: Batcher[int, int] = Batcher(flush, name="t")
+    results = await asyncio.gather(*(b.submit(i) for i in (1, 13, 2)), return_exceptions=True)
+    assert results[0] == 10 and results[2] == 20
+    assert isinstance(results[1], ValueError)
+    assert calls == [[1, 13, 2], [1], [13], [2]]  # the batch, then each item alone
+    assert b.isolated == 1
+
+
+async def test_unavailable_fails_the_whole_batch_without_retrying_each_item():
+    calls: list[list[int]] = []
+
+    async def flush(items: list[int]) -> list[int]:
+        calls.append(items)
+        raise Unavailable("mongo")
+
+    b: Batcher[int, int] = Batcher(flush, name="t")
+    results = await asyncio.gather(*(b.submit(i) for i in (1, 2, 3)), return_exceptions=True)
+    assert all(isinstance(r, Unavailable) for r in results)
+    assert calls == [[1, 2, 3]]

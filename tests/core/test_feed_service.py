@@ -208,10 +208,6 @@ async def test_posts_of_an_author_followed_later_are_shown(feed: Feed) -> None:
     assert list(flat(await feed.pages("r", 1))) == [c1, *reversed(a)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: create() enters the post in the fan-outs-under-way set before inserting it; "
-    "when the insert fails (Unavailable) the entry stays for ever (the sweep reads "
-    "MongoDB's pending posts, which do not include it), taking a slot of a page"))
 async def test_a_post_that_failed_to_store_leaves_no_trace(feed: Feed) -> None:
     await feed.follow("r", "a")
     a = [await feed.post("a") for _ in range(3)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from core.ids import MAX_MID
@@ -27,7 +28,7 @@ def refused(data: str | bytes, code: str = "bad_request", max_body: int = 4096) 
 
 def test_send_parses():
     f = parse_frame('{"op":"send","id":7,"to":"bob","cmid":"c-1","body":{"t":"hi"}}', 4096)
-    assert f == Send(7, "bob", "c-1", {"t": "hi"})
+    assert f == Send(7, "bob", "c-1", b'{"t":"hi"}')  # the body as encoded JSON bytes
 
 
 def test_ping_read_recv_ack_room_send_parse():
@@ -35,7 +36,7 @@ def test_ping_read_recv_ack_room_send_parse():
     assert parse_frame('{"op":"read","conv":"bob","mid":5}', 10) == Read(None, "bob", 5)
     assert parse_frame('{"op":"recv_ack","mids":[1,2]}', 10) == RecvAck(None, (1, 2))
     assert parse_frame('{"op":"room_send","room":"r","body":1,"prio":1}', 10) == RoomSend(
-        None, "r", 1, 1)
+        None, "r", b"1", 1)
 
 
 @pytest.mark.parametrize("data", ["{", "not json", b"\xff\xfe", "", "[1,2]", '"op"', "null"])
@@ -100,3 +101,15 @@ def test_error_frame_carries_re_only_when_known():
     assert error_frame(ProtocolError("bad_request", "m", 9)) == (
         b'{"op":"error","code":"bad_request","message":"m","re":9}')
     assert b'"re"' not in error_frame(ProtocolError("bad_request", "m"))
+
+
+@pytest.mark.parametrize("body", [
+    "9223372036854775808",           # 2**63: past BSON's 8-byte integers
+    "18446744073709551615",          # 2**64 - 1
+    '{"a\\u0000b": 1}',              # NUL in a key: BSON refuses it
+    '{"$where": "1", "a.b": [{"$gt": 0}]}',
+])
+def test_bodies_a_document_store_cannot_hold_are_carried_as_bytes(body):
+    f = parse_frame('{"op":"send","to":"b","cmid":"c","body":' + body + "}", 4096)
+    assert isinstance(f, Send)
+    assert orjson.loads(f.body) == orjson.loads(body)  # the same JSON, as bytes

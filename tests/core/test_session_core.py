@@ -87,9 +87,9 @@ def test_limit_of_one_closes_on_the_first_bad_frame():
 
 def test_send_and_group_send_spawn_with_their_op_labels():
     c = core()
-    assert c.receive(SEND, 100.0) == [Accepted("send"), Spawn(p.Send(1, "bob", "c1", "hi"))]
+    assert c.receive(SEND, 100.0) == [Accepted("send"), Spawn(p.Send(1, "bob", "c1", b"\"hi\""))]
     assert c.receive(GROUP_SEND, 100.0) == [Accepted("groupsend"),
-                                            Spawn(p.GroupSend(2, "g1", "c2", "hi"))]
+                                            Spawn(p.GroupSend(2, "g1", "c2", b"\"hi\""))]
 
 
 def test_sends_share_one_bucket_and_are_refused_when_it_is_empty():
@@ -100,7 +100,7 @@ def test_sends_share_one_bucket_and_are_refused_when_it_is_empty():
                                       error_reply("rate_limited", "too many sends", 1)]
     assert c.receive(GROUP_SEND, 100.0)[1] == error_reply("rate_limited", "too many sends", 2)
     assert c.bad_frames == 0  # a refused send is not a bad frame
-    assert c.receive(SEND, 100.5) == [Accepted("send"), Spawn(p.Send(1, "bob", "c1", "hi"))]
+    assert c.receive(SEND, 100.5) == [Accepted("send"), Spawn(p.Send(1, "bob", "c1", b"\"hi\""))]
     assert isinstance(c.receive(SEND, 100.5)[1], Reply)
 
 
@@ -122,7 +122,8 @@ def test_the_bucket_starts_at_the_clock_it_is_given():
 def test_room_send_is_inline_and_takes_no_send_token():
     c = core(SessionLimits(64, 3, 1.0, 0))  # no send tokens at all
     frame = '{"op":"room_send","id":5,"room":"r","body":"x","prio":1}'
-    assert c.receive(frame, 100.0) == [Accepted("roomsend"), Inline(p.RoomSend(5, "r", "x", 1))]
+    assert c.receive(frame, 100.0) == [Accepted("roomsend"),
+                                       Inline(p.RoomSend(5, "r", b"\"x\"", 1))]
 
 
 # -- the other ops ---------------------------------------------------------------------------
@@ -165,3 +166,58 @@ def test_actions_are_frozen():
         Close(1008, "x", "y").code = 1000  # type: ignore[misc]
     with pytest.raises(AttributeError):
         LIMITS.max_body = 1  # type: ignore[misc]
+
+
+# -- budgets (issue 11: a flood must not hurt anyone else) -------------------------
+
+BUDGET = SessionLimits(max_body=64, bad_frame_limit=3, send_rate=100.0, send_burst=100,
+                       op_rate=10.0, op_burst=5, refuse_rate=1.0, refuse_burst=3)
+PING = '{"op":"ping","id":9}'
+
+
+def test_every_op_spends_the_op_budget_and_is_refused_over_it():
+    c = core(BUDGET)
+    for _ in range(5):
+        assert c.receive(PING, 100.0)[0] == Accepted("ping")
+    assert c.receive(PING, 100.0) == [error_reply("rate_limited", "too many frames; slow down", 9)]
+    assert c.receive(PING, 100.2)[0] == Accepted("ping")  # 0.2 s at 10/s: two tokens back
+
+
+def test_a_connection_that_keeps_flooding_is_closed_with_1008():
+    c = core(BUDGET)
+    for _ in range(5):
+        c.receive(PING, 100.0)
+    refused = [c.receive(PING, 100.0) for _ in range(3)]
+    assert all(r[0].error == "rate_limited" for r in refused)  # type: ignore[union-attr]
+    assert c.receive(PING, 100.0) == [Close(1008, "flooding: too many frames over the budget",
+                                            "flood")]
+
+
+def test_recv_ack_costs_by_its_mids():
+    c = core(SessionLimits(max_body=64, bad_frame_limit=3, send_rate=1, send_burst=1,
+                           op_rate=1.0, op_burst=20, refuse_rate=1.0, refuse_burst=3))
+    ack = orjson.dumps({"op": "recv_ack", "id": 1, "mids": list(range(1, 101))})  # 11 tokens
+    assert c.receive(ack, 100.0)[0] == Accepted("recvack")
+    assert c.receive(ack, 100.0)[0].error == "rate_limited"  # type: ignore[union-attr]
+    for _ in range(9):  # what is left (9 tokens) still buys nine pings
+        assert c.receive(PING, 100.0)[0] == Accepted("ping")
+
+
+def test_bad_frames_spend_the_budget_too():
+    c = core(BUDGET)
+    for _ in range(2):
+        c.receive("nope", 100.0)
+    for _ in range(3):
+        c.receive(PING, 100.0)
+    assert c.receive("nope", 100.0)[0].error == "rate_limited"  # type: ignore[union-attr]
+    assert c.bad_frames == 2  # refused for the budget, not counted as a bad frame
+
+
+def test_sends_over_their_budget_also_spend_refusals():
+    c = core(SessionLimits(max_body=64, bad_frame_limit=3, send_rate=0.0, send_burst=1,
+                           op_rate=1000.0, op_burst=1000, refuse_rate=0.0, refuse_burst=2))
+    assert isinstance(c.receive(SEND, 100.0)[1], Spawn)
+    assert c.receive(SEND, 100.0)[1].error == "rate_limited"  # type: ignore[union-attr]
+    assert c.receive(SEND, 100.0)[1].error == "rate_limited"  # type: ignore[union-attr]
+    assert c.receive(SEND, 100.0)[1] == Close(1008, "flooding: too many sends over the budget",
+                                              "flood")

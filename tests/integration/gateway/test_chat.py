@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
+
 from tests.conftest import uid
 
 
@@ -131,7 +133,9 @@ async def test_history_is_newest_first_and_pages(node, connect, http):
 async def test_healthz_metrics_and_openapi(node, http):
     h = http(uid())
     assert (await h.get("/healthz")).status_code == 200
-    text = (await h.get("/metrics")).text
+    assert (await h.get("/metrics")).status_code == 404  # not on the API port by default
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{node.metrics_port}") as m:
+        text = (await m.get("/metrics")).text
     assert "im_connections" in text and "im_sends_total" in text
     spec = (await h.get("/openapi.json")).json()
     assert "/v1/sync" in spec["paths"]

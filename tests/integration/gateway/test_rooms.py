@@ -15,7 +15,8 @@ from testkit.poll import until
 from tests.conftest import settle, token, uid
 
 FAST = {"heartbeat_s": 0.5, "heartbeat_ttl_s": 1.5, "room_report_s": 0.1}
-UNCAPPED = {"room_rate_cap": 0, "room_send_rate": 1e6, "room_send_burst": 1_000_000}
+UNCAPPED = {"room_rate_cap": 0, "room_send_rate": 1e6, "room_send_burst": 1_000_000,
+            "op_rate": 1e6, "op_burst": 1_000_000}
 
 
 async def room_msgs(client: Device, n: int, timeout: float = 10) -> list[dict[str, Any]]:

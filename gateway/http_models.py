@@ -1,0 +1,250 @@
+"""The HTTP API's types: ids, request bodies, answers and the error body.
+
+Every id a client names (in a path, a query or a body) is one of two
+annotated types checked by one validator: ``Id`` (conversations, groups,
+rooms: ``g:GROUP`` allowed) and ``UserId`` (may not start with ``g:``).
+Both match the whole value (``fullmatch``; a pydantic/FastAPI ``pattern``
+only searches), so ``a*``, ``a b``, a NUL or a newline never reach a key or
+a query. The answer models document ``/openapi.json``; the routes write
+their JSON directly (stored message bytes pass through unparsed).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    WithJsonSchema,
+)
+
+from core.ids import MAX_MID
+from gateway.auth import check_user_id
+from gateway.protocol import ID_PATTERN
+
+__all__ = [
+    "ERROR_DESCRIPTIONS",
+    "ConversationList",
+    "ErrorBody",
+    "GroupCreated",
+    "Health",
+    "HistoryPage",
+    "Id",
+    "Mid",
+    "NewGroup",
+    "NewMembers",
+    "NewPost",
+    "Ok",
+    "PostOut",
+    "PostPage",
+    "Profile",
+    "ReadMark",
+    "RoomOnline",
+    "SyncAck",
+    "SyncPage",
+    "UserId",
+    "UserPage",
+    "errors",
+]
+
+ID_CHARSET = "1-64 characters of [A-Za-z0-9_.:-]"
+
+
+def _check_id(user: bool) -> AfterValidator:
+    """The one id check: the contract's charset and length over the whole value;
+    for a user id, also not ``g:...`` (that names a group)."""
+
+    def check(value: str) -> str:
+        if user:
+            why = check_user_id(value)
+            if why is not None:
+                raise ValueError(why)
+        elif not ID_PATTERN.fullmatch(value):
+            raise ValueError(f"an id is {ID_CHARSET}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _id_schema(user: bool) -> WithJsonSchema:
+    pattern = "^(?!g:)[A-Za-z0-9_.:-]{1,64}$" if user else "^[A-Za-z0-9_.:-]{1,64}$"
+    return WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 64,
+                           "pattern": pattern})
+
+
+Id = Annotated[str, Field(strict=True), _check_id(user=False), _id_schema(user=False)]
+UserId = Annotated[str, Field(strict=True), _check_id(user=True), _id_schema(user=True)]
+
+
+def _integral(value: object) -> object:
+    """JSON Schema's ``integer`` includes ``1.0``: an integral float is that int
+    (anything else, a string included, stays refused by ``StrictInt``)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Mid = Annotated[StrictInt, Field(ge=0, le=MAX_MID), BeforeValidator(_integral)]
+
+
+# -- request bodies ------------------------------------------------------------------
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SyncAck(_Body):
+    upto: Mid
+
+
+class NewGroup(_Body):
+    name: Annotated[str, Field(strict=True, min_length=1, max_length=128)]
+    members: Annotated[list[UserId], Field(max_length=1000)] = []
+
+
+class NewMembers(_Body):
+    members: Annotated[list[UserId], Field(min_length=1, max_length=1000)]
+
+
+class NewPost(_Body):
+    """A post, a repost (``repost_of``, ``text`` may be empty) or a comment
+    (``reply_to``), not both; ``text`` at most ``IM_FEED_TEXT_MAX`` characters
+    (413 beyond); a referenced post must exist (404)."""
+
+    text: Annotated[str, Field(strict=True)]
+    repost_of: Mid | None = None
+    reply_to: Mid | None = None
+
+
+class ReadMark(_Body):
+    mid: Mid
+
+
+# -- answers -------------------------------------------------------------------------
+class Ok(BaseModel):
+    ok: Literal[True]
+
+
+class Health(BaseModel):
+    ok: Literal[True]
+    node: str
+
+
+class Message(BaseModel):
+    """A ``msg`` (1:1: ``to``) or ``group_msg`` (``group``, ``seq``) as pushed."""
+
+    model_config = ConfigDict(extra="allow")
+    op: str
+    mid: int
+    from_: str = Field(alias="from")
+    to: str | None = None
+    group: str | None = None
+    seq: int | None = None
+    body: Any = None
+    ts: int
+
+
+class SyncPage(BaseModel):
+    msgs: list[Message]
+    next: int
+    more: bool
+
+
+class HistoryPage(BaseModel):
+    msgs: list[Message]
+    next: int | None
+
+
+class Conversation(BaseModel):
+    conv: str
+    unread: int
+    last: Message | None
+
+
+class ConversationList(BaseModel):
+    total_unread: int
+    conversations: list[Conversation]
+
+
+class GroupCreated(BaseModel):
+    group: str
+
+
+class RoomOnline(BaseModel):
+    room: str
+    online: int
+
+
+class Profile(BaseModel):
+    user: str
+    following: int
+    followers: int
+
+
+class UserPage(BaseModel):
+    users: list[str]
+    cursor: str | None
+
+
+class PostCounts(BaseModel):
+    reposts: int
+    comments: int
+    likes: int
+
+
+class DeletedPost(BaseModel):
+    id: int
+    deleted: Literal[True]
+
+
+class Post(BaseModel):
+    id: int
+    author: str
+    text: str
+    ts: int
+    repost_of: int | None
+    reply_to: int | None
+    counts: PostCounts
+    original: Post | DeletedPost | None = None
+
+
+class PostOut(BaseModel):
+    post: Post
+
+
+class PostPage(BaseModel):
+    posts: list[Post]
+    cursor: int | None
+
+
+class ErrorDetail(BaseModel):
+    code: Literal["bad_request", "unauthorized", "forbidden", "not_found", "too_large",
+                  "rate_limited", "unavailable", "internal"]  # gateway.errors.CODES
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every refusal: the HTTP status of ``code`` and this body."""
+
+    error: ErrorDetail
+
+
+ERROR_DESCRIPTIONS = {
+    400: "bad_request: a parameter or body field is invalid",
+    401: "unauthorized: the bearer token is missing, expired or invalid",
+    403: "forbidden: not allowed for this caller",
+    404: "not_found",
+    413: "too_large: the request body (IM_HTTP_BODY_MAX) or a field is over its limit",
+    429: "rate_limited: over the per-user HTTP rate (IM_HTTP_RATE, IM_HTTP_BURST)",
+    500: "internal: an unexpected error (logged by the node)",
+    503: "unavailable: a dependency is down; retry later",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error statuses, each with ``ErrorBody``."""
+    return {s: {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[s]} for s in statuses}

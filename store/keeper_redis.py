@@ -1,0 +1,87 @@
+"""The node's lease and heartbeat, kept from a thread of their own (``LeaseKeeper``).
+
+Clients share the node's event loop; one that floods it must not be able to
+delay the lease renewal (another node could take the number: duplicate
+mids) or the heartbeat (other nodes would treat this one as dead). So both
+run on a thread with its own blocking Redis connection, every
+``period_s``; the loop only receives the results (``report``). While the
+loop is busy the GIL still switches threads every few milliseconds.
+
+Each beat: renew the lease (``lease_renew.lua``; a vanished key, after Redis
+lost its data, is taken again with ``SET NX``), then write this node's
+heartbeat expiry and read every node's (one pipeline).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+from redis.exceptions import RedisError
+
+from core.errors import Unavailable
+from store.keys import Keys
+from store.records import Beat
+from store.redis_client import load_lua
+
+__all__ = ["LeaseKeeperRedis"]
+
+Report = Callable[[Beat | Unavailable], None]
+
+
+class LeaseKeeperRedis:
+    def __init__(self, url: str, keys: Keys, *, name: str, number: int, token: str,
+                 lease_ttl_s: int, heartbeat_ttl_s: float, period_s: float,
+                 timeout_s: float) -> None:
+        self.keys = keys
+        self.name = name
+        self.number = number
+        self.token = token
+        self.lease_ttl_s = lease_ttl_s
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.period_s = period_s
+        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                           socket_connect_timeout=timeout_s)
+        self._renew = self._redis.register_script(load_lua("lease_renew.lua"))
+        self._lock = threading.Lock()  # one beat at a time (the thread's, or beat_once's)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, report: Report) -> None:
+        self._thread = threading.Thread(target=self._run, args=(report,),
+                                        name=f"lease-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self, report: Report) -> None:
+        while not self._stop.wait(self.period_s):
+            report(self.beat_once())
+
+    def beat_once(self) -> Beat | Unavailable:
+        """One renewal and heartbeat, now (blocking: call it off the loop)."""
+        with self._lock:
+            try:
+                return self._beat()
+            except (RedisError, OSError) as exc:
+                return Unavailable("redis", type(exc).__name__)
+
+    def _beat(self) -> Beat:
+        lease = self.keys.node_lease(self.number)
+        state = int(self._renew(keys=[lease], args=[self.token, self.lease_ttl_s]))
+        retaken = state == 0 and bool(self._redis.set(lease, self.token, nx=True,
+                                                      ex=self.lease_ttl_s))
+        now = time.time()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zadd(self.keys.nodes(), {self.name: now + self.heartbeat_ttl_s})
+        pipe.zremrangebyscore(self.keys.nodes(), "-inf", now - 3600)  # forget the long dead
+        pipe.zrange(self.keys.nodes(), 0, -1, withscores=True)
+        *_, live = pipe.execute()
+        return Beat(held=state == 1 or retaken, retaken=retaken,
+                    live={n.decode(): float(expiry) for n, expiry in live})
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.period_s + 5)
+        self._redis.close()

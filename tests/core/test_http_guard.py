@@ -1,0 +1,56 @@
+"""The HTTP edge's pure parts: per-user buckets (bounded, idle ones dropped) and
+the id types every HTTP route uses."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from gateway.http_guard import UserBuckets
+from gateway.http_models import Id, NewMembers, UserId
+
+BAD_IDS = ["a*", "{x}", "a b", "a\x00", "a\n", "$where", "x}{y", "été", "", "x" * 65,
+           "a/b", "a\\b"]
+
+
+def test_buckets_limit_each_user_alone():
+    b = UserBuckets(rate=1, burst=3)
+    assert [b.take("flood", 0.0) for _ in range(5)] == [True, True, True, False, False]
+    assert b.take("calm", 0.0)  # another user's bucket is its own
+    assert b.retry_after("flood") == 1
+    assert b.take("flood", 1.0) and not b.take("flood", 1.0)
+
+
+def test_idle_buckets_are_dropped_and_the_map_is_bounded():
+    b = UserBuckets(rate=10, burst=10, max_users=100)
+    for i in range(50):
+        b.take(f"u{i}", 0.0)
+    assert len(b) == 50
+    b.take("late", 5.0)  # 1 s refills a bucket: everyone idle that long is dropped
+    assert len(b) == 1
+    for i in range(500):
+        b.take(f"v{i}", 6.0)
+    assert len(b) == 100
+
+
+def test_rate_zero_means_no_limit():
+    b = UserBuckets(rate=0, burst=1)
+    assert all(b.take("u", 0.0) for _ in range(1000)) and len(b) == 0
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_ids_match_whole_values(bad):
+    for kind in (Id, UserId):
+        with pytest.raises(ValidationError):
+            TypeAdapter(kind).validate_python(bad)
+    with pytest.raises(ValidationError):
+        NewMembers.model_validate({"members": ["ok", bad]})
+
+
+def test_user_ids_may_not_name_groups():
+    assert TypeAdapter(Id).validate_python("g:team") == "g:team"
+    with pytest.raises(ValidationError, match="g:"):
+        TypeAdapter(UserId).validate_python("g:team")
+    assert TypeAdapter(UserId).validate_python("a.b:c-d_9") == "a.b:c-d_9"
+    with pytest.raises(ValidationError):
+        TypeAdapter(UserId).validate_python(7)  # strict: no number becomes an id
