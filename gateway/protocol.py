@@ -8,6 +8,7 @@ Ids are checked against one pattern before they are used in a key or query.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -171,12 +172,44 @@ def _parse_read(obj: dict[str, Any], rid: object) -> Read:
     return Read(rid, conv, check_mid(obj.get("mid"), "mid", rid))
 
 
+def _reject_constant(name: str) -> None:
+    raise ValueError(name)
+
+
+def _undecodable(data: str | bytes) -> ProtocolError:
+    """The error for a frame orjson refused. When the stdlib parser can still read
+    it (JSON text with a lone surrogate escape such as ``"\\ud800"``: valid by
+    the grammar, not storable as text) the error says so and names the request.
+    Error path only; the frame is at most ``max_frame`` bytes."""
+    plain = ProtocolError("bad_request", "frame is not valid JSON")
+    try:
+        obj = json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return plain
+    if not isinstance(obj, dict):
+        return plain
+    rid = obj.get("id")
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or (
+            isinstance(rid, str) and (len(rid) > 64 or not _encodable(rid))):
+        rid = None
+    return ProtocolError("bad_request", "frame holds a lone surrogate escape "
+                         "(\\ud800-\\udfff not in a pair): not valid Unicode text", rid)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_frame(data: str | bytes, max_body: int) -> Frame:
     """Decode and validate one client frame."""
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise ProtocolError("bad_request", "frame is not valid JSON") from None
+        raise _undecodable(data) from None
     if not isinstance(obj, dict):
         raise ProtocolError("bad_request", "frame must be a JSON object")
     rid = _request_id(obj)

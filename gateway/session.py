@@ -107,6 +107,10 @@ class Sessions:
             async for data in ws:
                 for action in core.receive(data, time.monotonic()):
                     await self._act(client, action)
+                    if isinstance(action, sc.Close):
+                        return  # frames still buffered are not read: closed once
+                if ws.transport.is_closing():  # aborted (reply backlog): stop reading
+                    return
                 frames += 1
                 if frames % YIELD_EVERY == 0:
                     # Frames already buffered are handed over without a pause: give
@@ -263,7 +267,8 @@ class Sessions:
         if client.write(data, self.settings.reply_buffer_max):
             return
         ws = client.ws
-        if ws.protocol.state is State.OPEN:  # open but backed up: not a closed socket
+        # Open but backed up (not a closed socket, nor one aborted a frame ago).
+        if ws.protocol.state is State.OPEN and not ws.transport.is_closing():
             self.metrics.closed.labels("reply_backlog").inc()
             ws.transport.abort()
 

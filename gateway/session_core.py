@@ -111,7 +111,7 @@ Action = Accepted | Reply | Spawn | Inline | Close
 class SessionCore:
     """One connection's frame handling: bad-frame count and send token bucket."""
 
-    __slots__ = ("limits", "_bucket", "_ops", "_refusals", "_bad_frames")
+    __slots__ = ("limits", "_bucket", "_ops", "_refusals", "_bad_frames", "closed")
 
     def __init__(self, limits: SessionLimits, now: float) -> None:
         self.limits = limits
@@ -119,6 +119,7 @@ class SessionCore:
         self._ops = TokenBucket(limits.op_rate, limits.op_burst, now)
         self._refusals = TokenBucket(limits.refuse_rate, limits.refuse_burst, now)
         self._bad_frames = 0
+        self.closed = False  # a Close was given: later frames are ignored
 
     @property
     def bad_frames(self) -> int:
@@ -126,7 +127,14 @@ class SessionCore:
         return self._bad_frames
 
     def receive(self, data: str | bytes, now: float) -> list[Action]:
-        """What to do with one frame the client sent at ``now``."""
+        """What to do with one frame the client sent at ``now`` (nothing once closed)."""
+        if self.closed:
+            return []
+        actions = self._receive(data, now)
+        self.closed = any(isinstance(a, Close) for a in actions)
+        return actions
+
+    def _receive(self, data: str | bytes, now: float) -> list[Action]:
         try:
             frame = p.parse_frame(data, self.limits.max_body)
         except ProtocolError as err:

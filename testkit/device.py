@@ -111,6 +111,20 @@ class Device:
         finally:
             self._waiting.pop(rid, None)
 
+    async def request_text(self, rid: str, text: str | bytes, timeout: float = 10) -> Frame:
+        """Send a frame written by hand (``text`` must carry ``"id": rid``); the reply."""
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        if self.closed:
+            raise DeviceClosed("connection closed")
+        self._waiting[rid] = fut
+        try:
+            await self.ws.send(text if isinstance(text, str) else text.decode())
+            return await asyncio.wait_for(fut, timeout)
+        except ConnectionClosed as exc:
+            raise DeviceClosed("connection closed") from exc
+        finally:
+            self._waiting.pop(rid, None)
+
     async def send_raw(self, data: str | bytes) -> None:
         """A frame as is (str: a text frame, bytes: a binary one): no id, no wait."""
         await self.ws.send(data)

@@ -207,6 +207,6 @@ def test_edge_defaults():
     assert (s.http_header_timeout_s, s.http_body_timeout_s, s.http_body_max) == (10, 30, 65536)
     assert (s.http_rate, s.http_burst, s.feed_follow_max, s.max_conns_per_user) == (
         50, 100, 2000, 10)
-    assert (s.metrics_host, s.metrics_port, s.metrics_public) == ("127.0.0.1", 0, 0)
+    assert (s.metrics_host, s.metrics_port, s.metrics_public) == ("127.0.0.1", 9464, 0)
     assert Settings.from_env({"IM_ENV": "production", "IM_AUTH_SECRET": SECRET}).env == \
         "production"

@@ -113,3 +113,15 @@ def test_bodies_a_document_store_cannot_hold_are_carried_as_bytes(body):
     f = parse_frame('{"op":"send","to":"b","cmid":"c","body":' + body + "}", 4096)
     assert isinstance(f, Send)
     assert orjson.loads(f.body) == orjson.loads(body)  # the same JSON, as bytes
+
+
+@pytest.mark.parametrize(("text", "rid"), [
+    ('{"op":"send","id":"a","to":"b","cmid":"c","body":"\\ud800"}', "a"),
+    ('{"op":"send","id":7,"to":"b","cmid":"c","body":{"k":"\\udfff x"}}', 7),
+    ('{"op":"send","id":"\\ud800","body":"\\udc00"}', None),  # the id itself: not echoed
+])
+def test_a_lone_surrogate_is_refused_naming_the_request(text, rid):
+    with pytest.raises(ProtocolError) as exc:
+        parse_frame(text, 1000)
+    assert exc.value.code == "bad_request" and exc.value.re == rid
+    assert "lone surrogate" in exc.value.message

@@ -65,16 +65,14 @@ def test_close_1008_at_the_bad_frame_limit():
     assert c.bad_frames == 3
 
 
-def test_bad_frames_after_the_limit_close_again_and_good_frames_do_not_reset():
-    # today's _refuse compares with >=, and frames buffered before the close are
-    # still read: every later bad frame repeats the close (idempotent for the driver)
+def test_bad_frames_close_once_and_good_frames_do_not_reset():
     c = core(SessionLimits(64, 2, 1.0, 1))
     c.receive("x", 100.0)
     assert c.receive('{"op":"ping"}', 100.0)[0] == Accepted("ping")
     assert c.bad_frames == 1  # a valid frame does not forgive
     assert c.receive("x", 100.0)[-1] == Close(1008, "too many bad frames", "bad_frames")
-    assert c.receive("x", 100.0)[-1] == Close(1008, "too many bad frames", "bad_frames")
-    assert c.bad_frames == 3
+    # Frames buffered before the close are not judged again: one close.
+    assert c.receive("x", 100.0) == [] and c.bad_frames == 2
 
 
 def test_limit_of_one_closes_on_the_first_bad_frame():
@@ -191,6 +189,8 @@ def test_a_connection_that_keeps_flooding_is_closed_with_1008():
     assert all(r[0].error == "rate_limited" for r in refused)  # type: ignore[union-attr]
     assert c.receive(PING, 100.0) == [Close(1008, "flooding: too many frames over the budget",
                                             "flood")]
+    # Closed once: frames that were already buffered get nothing, not a second close.
+    assert c.closed and c.receive(PING, 200.0) == [] and c.receive("nope", 200.0) == []
 
 
 def test_recv_ack_costs_by_its_mids():
