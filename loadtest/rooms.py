@@ -28,8 +28,9 @@ Reported to locust as requests (request type ``room`` unless noted):
   connected and joined again (the lost connection itself fails ``disconnected``).
 
 The token is signed with ``--secret`` (env ``IM_AUTH_SECRET``, else the
-node's development default). User ids are unique per run and process
-(``lt<run tag>-<n>``), so ``--processes N`` works too.
+local secret a node on this machine made: ``IM_AUTH_SECRET_FILE``). User ids
+are unique per run and process (``lt<run tag>-<n>``), so ``--processes N``
+works too.
 ``--nodes ws://a,ws://b`` spreads members over several nodes (round robin;
 reconnects go to the next one); without it every member uses ``--host``.
 """
@@ -54,9 +55,16 @@ import websocket
 from gevent.event import Event
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # locust adds only loadtest/
+from gateway.auth import with_secret  # noqa: E402
+from gateway.config import Settings  # noqa: E402
 from testkit.tokens import issue_token  # noqa: E402
 
-DEV_SECRET = "dev-only-secret-change-me-0123456789"  # gateway.config.Settings.auth_secret
+
+def _local_secret() -> str:
+    """The secret a node on this machine signs with when IM_AUTH_SECRET is unset."""
+    return with_secret(Settings.from_env())[0].auth_secret
+
+
 RUN = secrets.token_hex(3)  # user ids and message bodies carry it
 _serial = itertools.count()
 
@@ -78,7 +86,7 @@ def _options(parser: Any) -> None:
                    help="seconds to wait for joined / ok before failing (default 10)")
     g.add_argument("--nodes", default="", env_var="LT_NODES",
                    help="comma-separated ws:// URLs of several nodes (default: --host)")
-    g.add_argument("--secret", default=os.environ.get("IM_AUTH_SECRET", DEV_SECRET),
+    g.add_argument("--secret", default=os.environ.get("IM_AUTH_SECRET") or _local_secret(),
                    include_in_web_ui=False, help="token secret (env IM_AUTH_SECRET)")
 
 
