@@ -179,7 +179,8 @@ def _reject_constant(name: str) -> None:
 def _undecodable(data: str | bytes) -> ProtocolError:
     """The error for a frame orjson refused. When the stdlib parser can still read
     it (JSON text with a lone surrogate escape such as ``"\\ud800"``: valid by
-    the grammar, not storable as text) the error says so and names the request.
+    the grammar, not storable as text; or a number orjson cannot hold) the error
+    says which and names the request when its id is one a reply can carry.
     Error path only; the frame is at most ``max_frame`` bytes."""
     plain = ProtocolError("bad_request", "frame is not valid JSON")
     try:
@@ -189,11 +190,22 @@ def _undecodable(data: str | bytes) -> ProtocolError:
     if not isinstance(obj, dict):
         return plain
     rid = obj.get("id")
-    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or (
-            isinstance(rid, str) and (len(rid) > 64 or not _encodable(rid))):
+    if not _replyable_id(rid):
         rid = None
-    return ProtocolError("bad_request", "frame holds a lone surrogate escape "
-                         "(\\ud800-\\udfff not in a pair): not valid Unicode text", rid)
+    if _has_lone_surrogate(obj):
+        return ProtocolError("bad_request", "frame holds a lone surrogate escape "
+                             "(\\ud800-\\udfff not in a pair): not valid Unicode text", rid)
+    return ProtocolError("bad_request", "frame holds a number out of range "
+                         "(integers -2**63..2**64-1, finite floats)", rid)
+
+
+def _replyable_id(rid: object) -> bool:
+    """An id ``_request_id`` would accept and orjson can write back."""
+    if isinstance(rid, bool):
+        return False
+    if isinstance(rid, int):
+        return -(1 << 63) <= rid < (1 << 64)
+    return isinstance(rid, str) and len(rid) <= 64 and _encodable(rid)
 
 
 def _encodable(text: str) -> bool:
@@ -202,6 +214,21 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if not _encodable(v):
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def parse_frame(data: str | bytes, max_body: int) -> Frame:

@@ -125,3 +125,16 @@ def test_a_lone_surrogate_is_refused_naming_the_request(text, rid):
         parse_frame(text, 1000)
     assert exc.value.code == "bad_request" and exc.value.re == rid
     assert "lone surrogate" in exc.value.message
+
+
+@pytest.mark.parametrize(("text", "rid", "says"), [
+    ('{"op":"ping","id":18446744073709551616,"x":"\\ud800"}', None, "lone surrogate"),
+    ('{"id":-9223372036854775809,"\\ud800":null}', None, "lone surrogate"),
+    ('{"op":"ping","id":1,"x":1e400}', 1, "out of range"),
+    ('{"op":"ping","id":"q","x":[-1e999]}', "q", "out of range"),
+])
+def test_an_error_names_only_an_id_a_reply_can_carry(text, rid, says):
+    with pytest.raises(ProtocolError) as exc:
+        parse_frame(text, 1000)
+    assert exc.value.re == rid and says in exc.value.message
+    orjson.dumps({"op": "error", "re": exc.value.re})  # writable
