@@ -1,11 +1,10 @@
 """Hypothesis fuzz of WebSocket frames against a real in-process node.
 
 Design: one in-process node (``make_node`` with the documented default limits;
-real Redis, RabbitMQ, MongoDB) serves the whole run on pytest-asyncio's loop. The
-``@given`` function is plain sync code run in a worker thread
-(``asyncio.to_thread``); each example hands its frames to that loop
-(``run_coroutine_threadsafe``), so frames are generated off the loop while the
-node keeps serving, no second loop or subprocess is needed, and the checks after
+real Redis, RabbitMQ, MongoDB) serves the whole run on pytest-asyncio's loop.
+Hypothesis only generates (``Phase.generate``, a fixed seed): the examples are
+collected first, then each runs on the test's loop in order (a failure names its
+frames), so no second loop, thread or subprocess is needed, and the checks after
 the last example (``/healthz``, a fresh round trip, no error logged by the node)
 sit in the same test. An example is a list of frames sent on a fresh connection
 of a fresh user (``uid``), so a connection the node closed costs the next example
@@ -43,7 +42,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
@@ -509,24 +508,25 @@ async def test_ws_frames_fuzz_node_answers_and_stays_healthy(make_node, caplog):
     node = await make_node(max_body=MAX_BODY, max_frame=MAX_FRAME,
                            bad_frame_limit=BAD_FRAME_LIMIT)
     caplog.set_level(logging.ERROR)
-    loop = asyncio.get_running_loop()
     async with httpx.AsyncClient(timeout=REPLY_WAIT_S, trust_env=False) as client:
         run = Run(node, client, uid("rcv"))
 
+        examples: list[list[Frame]] = []
+
         @settings(max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None,
+                  phases=[Phase.generate],
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                          HealthCheck.large_base_example])
         @given(frames=example_frames())
-        def one_example(frames: list[Frame]) -> None:
-            fut = asyncio.run_coroutine_threadsafe(check_example(run, frames), loop)
-            try:
-                events = fut.result(EXAMPLE_BOUND_S)
-            except TimeoutError:
-                fut.cancel()
-                raise
-            run.stats.update(set(events))
+        def collect(frames: list[Frame]) -> None:
+            examples.append(frames)
 
-        await asyncio.to_thread(one_example)
+        collect()  # generation only (pure): the examples then run on this loop, in order
+        assert len(examples) == MAX_EXAMPLES
+        for frames in examples:
+            async with asyncio.timeout(EXAMPLE_BOUND_S):
+                events = await check_example(run, frames)
+            run.stats.update(set(events))
 
         # At the end the node still serves: health, a fresh round trip, nothing logged.
         r = await client.get(f"http://127.0.0.1:{node.http_port}/healthz")
