@@ -101,14 +101,21 @@ class Sessions:
         ws.request, ws.response = _HANDSHAKE_DONE, None
         core = sc.SessionCore(self.limits, time.monotonic())  # budgets, bad frames
         client = Client(ws.username, ws)
+        closing: asyncio.Task[None] | None = None
         try:
             await self.registry.connected(client)
             frames = 0
             async for data in ws:
+                # Once closed by policy the core answers nothing: frames are only
+                # drained until the client's close frame arrives.
                 for action in core.receive(data, time.monotonic()):
-                    await self._act(client, action)
                     if isinstance(action, sc.Close):
-                        return  # frames still buffered are not read: closed once
+                        # Not awaited here: the handshake needs the client's close
+                        # frame, which comes behind the frames it already sent.
+                        self.metrics.closed.labels(action.why).inc()
+                        closing = asyncio.create_task(ws.close(action.code, action.reason))
+                        break
+                    await self._act(client, action)
                 if ws.transport.is_closing():  # aborted (reply backlog): stop reading
                     return
                 frames += 1
@@ -119,6 +126,8 @@ class Sessions:
         except ConnectionClosed:
             pass
         finally:
+            if closing is not None:
+                await asyncio.gather(closing, return_exceptions=True)
             await self.registry.disconnected(client)
 
     async def _act(self, client: Client, action: sc.Action) -> None:
@@ -132,9 +141,6 @@ class Sessions:
             await self._spawn(client, self._run(client, action.frame))
         elif isinstance(action, sc.Inline):
             self._room_send(client, action.frame)
-        else:
-            self.metrics.closed.labels(action.why).inc()
-            await client.ws.close(action.code, action.reason)
 
     def _run(self, client: Client, f: sc.TaskFrame) -> Awaitable[None]:
         if isinstance(f, p.Send):
