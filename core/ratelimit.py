@@ -1,8 +1,14 @@
-"""Token bucket: pure, clock passed in."""
+"""Token buckets: pure, clock passed in. ``TokenBucket`` is one; ``KeyedBuckets``
+one per key (user), bounded, with rate 0 meaning no limit."""
 
 from __future__ import annotations
 
-__all__ = ["TokenBucket"]
+import collections
+import math
+
+__all__ = ["MAX_KEYS", "KeyedBuckets", "TokenBucket"]
+
+MAX_KEYS = 100_000  # keys with a live bucket (oldest dropped past it)
 
 
 class TokenBucket:
@@ -25,3 +31,44 @@ class TokenBucket:
             self.tokens -= n
             return True
         return False
+
+
+class KeyedBuckets:
+    """A token bucket per key (a user), pure (the clock is passed in). Buckets are kept
+    in least-recently-used order; one idle long enough to be full again is the
+    same as a new one and is dropped, and past ``max_users`` the oldest goes,
+    so the map stays bounded whatever the number of callers."""
+
+    def __init__(self, rate: float, burst: int, max_users: int = MAX_KEYS) -> None:
+        self.rate, self.burst, self.max_users = rate, burst, max_users
+        self.refill_s = burst / rate if rate > 0 else 0.0
+        self._buckets: collections.OrderedDict[str, TokenBucket] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def take(self, user: str, now: float) -> bool:
+        """One call by ``user`` at ``now``: False if over the rate."""
+        if self.rate <= 0:
+            return True
+        bucket = self._buckets.get(user)
+        if bucket is None:
+            bucket = self._buckets[user] = TokenBucket(self.rate, self.burst, now)
+        else:
+            self._buckets.move_to_end(user)
+        allowed = bucket.take(now)
+        self._drop_idle(now)
+        return allowed
+
+    def retry_after(self, user: str) -> int:
+        """Whole seconds until ``user`` has a token again (at least 1)."""
+        bucket = self._buckets.get(user)
+        missing = 1.0 - (bucket.tokens if bucket is not None else 1.0)
+        return max(1, math.ceil(missing / self.rate)) if self.rate > 0 else 1
+
+    def _drop_idle(self, now: float) -> None:
+        while self._buckets:
+            user, oldest = next(iter(self._buckets.items()))
+            if len(self._buckets) <= self.max_users and now - oldest.stamp < self.refill_s:
+                return
+            del self._buckets[user]

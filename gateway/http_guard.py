@@ -3,7 +3,7 @@
 ``HttpGuard`` (ASGI middleware), in this order, before a byte of the body is
 read: the bearer token of every ``/v1/`` call (401; the user id is then in
 the scope under ``USER_KEY``), the caller's rate (429: a token bucket per
-user on this node, ``UserBuckets``), ``Content-Length`` against the body
+user on this node, ``core.ratelimit.KeyedBuckets``), ``Content-Length`` against the body
 limit (413). Then the body is read, refused with 413 as soon as it passes
 the limit (chunked bodies), and handed to the route. A refusal is answered
 at once, whatever of the body is still coming. It counts ``im_http_requests_total{route,status}``
@@ -24,8 +24,6 @@ answer (RFC 9112 9.6, lingering close).
 from __future__ import annotations
 
 import asyncio
-import collections
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,17 +36,15 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from core.ratelimit import TokenBucket
+from core.ratelimit import KeyedBuckets
 from gateway.auth import TokenVerifier, bearer_token
 from gateway.config import Settings
 from gateway.errors import HTTP_STATUS, ProtocolError
 
-__all__ = ["USER_KEY", "HttpGuard", "HttpLimits", "TimedH11Protocol", "UserBuckets",
-           "error_bytes"]
+__all__ = ["USER_KEY", "HttpGuard", "HttpLimits", "TimedH11Protocol",            "error_bytes"]
 
 USER_KEY = "imgate.user"  # the authenticated caller, in the ASGI scope
 PROTECTED_PREFIX = "/v1/"  # every path under it needs a token; the rest is public
-MAX_BUCKETS = 100_000  # users with a live bucket on one node (oldest dropped past it)
 LINGER_S = 2.0  # after an early answer: how long the rest of a body is read and dropped
 LINGER_BYTES = 1 << 20  # ... and how much of it
 
@@ -74,47 +70,6 @@ def error_bytes(code: str, message: str) -> bytes:
     return orjson.dumps({"error": {"code": code, "message": message}})
 
 
-class UserBuckets:
-    """A token bucket per user, pure (the clock is passed in). Buckets are kept
-    in least-recently-used order; one idle long enough to be full again is the
-    same as a new one and is dropped, and past ``max_users`` the oldest goes,
-    so the map stays bounded whatever the number of callers."""
-
-    def __init__(self, rate: float, burst: int, max_users: int = MAX_BUCKETS) -> None:
-        self.rate, self.burst, self.max_users = rate, burst, max_users
-        self.refill_s = burst / rate if rate > 0 else 0.0
-        self._buckets: collections.OrderedDict[str, TokenBucket] = collections.OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._buckets)
-
-    def take(self, user: str, now: float) -> bool:
-        """One call by ``user`` at ``now``: False if over the rate."""
-        if self.rate <= 0:
-            return True
-        bucket = self._buckets.get(user)
-        if bucket is None:
-            bucket = self._buckets[user] = TokenBucket(self.rate, self.burst, now)
-        else:
-            self._buckets.move_to_end(user)
-        allowed = bucket.take(now)
-        self._drop_idle(now)
-        return allowed
-
-    def retry_after(self, user: str) -> int:
-        """Whole seconds until ``user`` has a token again (at least 1)."""
-        bucket = self._buckets.get(user)
-        missing = 1.0 - (bucket.tokens if bucket is not None else 1.0)
-        return max(1, math.ceil(missing / self.rate)) if self.rate > 0 else 1
-
-    def _drop_idle(self, now: float) -> None:
-        while self._buckets:
-            user, oldest = next(iter(self._buckets.items()))
-            if len(self._buckets) <= self.max_users and now - oldest.stamp < self.refill_s:
-                return
-            del self._buckets[user]
-
-
 class HttpGuard:
     """ASGI middleware: auth, rate, body limit, request counting (module doc)."""
 
@@ -127,7 +82,7 @@ class HttpGuard:
         self.routes = routes
         self.count = count
         self.clock = clock
-        self.buckets = UserBuckets(limits.rate, limits.burst)
+        self.buckets = KeyedBuckets(limits.rate, limits.burst)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from core.batcher import Batcher
-from core.ratelimit import TokenBucket
+from core.ratelimit import KeyedBuckets
 from gateway.bindings import Bindings
 from gateway.config import Settings
 from gateway.errors import ProtocolError
@@ -54,7 +54,7 @@ class LiveRooms:
         self.counts = counts
         self.bindings = bindings
         self._dirty: set[str] = set()  # counts to write at the next tick
-        self._buckets: dict[str, TokenBucket] = {}  # user -> room_send bucket
+        self._buckets = KeyedBuckets(settings.room_send_rate, settings.room_send_burst)
         self._last_refresh = time.monotonic()
         self._report: Batcher[str, int] = Batcher(
             self._flush_counts, name="room-counts", max_batch=settings.batch_max,
@@ -90,8 +90,6 @@ class LiveRooms:
             for room in emptied:
                 self.bindings.idle(room_key(room), now)
             self._dirty.update(left)
-        if client.user not in self.rooms.hub.users:
-            self._buckets.pop(client.user, None)
 
     def send(self, client: Client, room: str, body: Any, prio: int) -> asyncio.Future[None]:
         """Fan one message out; the future settles with the broker's confirm."""
@@ -99,12 +97,7 @@ class LiveRooms:
             self.metrics.room_sends.labels("forbidden").inc()
             raise ProtocolError("forbidden", "join the room before sending to it")
         now = time.monotonic()
-        bucket = self._buckets.get(client.user)
-        if bucket is None:
-            s = self.settings
-            bucket = self._buckets[client.user] = TokenBucket(s.room_send_rate, s.room_send_burst,
-                                                              now)
-        if not bucket.take(now):
+        if not self._buckets.take(client.user, now):
             self.metrics.room_sends.labels("rate_limited").inc()
             raise ProtocolError("rate_limited", "too many room messages; slow down")
         fragment = orjson.dumps({"from": client.user, "body": body_value(body),

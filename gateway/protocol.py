@@ -189,9 +189,7 @@ def _undecodable(data: str | bytes) -> ProtocolError:
         return plain
     if not isinstance(obj, dict):
         return plain
-    rid = obj.get("id")
-    if not _replyable_id(rid):
-        rid = None
+    rid = _replyable_id(obj)
     if _has_lone_surrogate(obj):
         return ProtocolError("bad_request", "frame holds a lone surrogate escape "
                              "(\\ud800-\\udfff not in a pair): not valid Unicode text", rid)
@@ -199,13 +197,18 @@ def _undecodable(data: str | bytes) -> ProtocolError:
                          "(integers -2**63..2**64-1, finite floats)", rid)
 
 
-def _replyable_id(rid: object) -> bool:
-    """An id ``_request_id`` would accept and orjson can write back."""
-    if isinstance(rid, bool):
-        return False
-    if isinstance(rid, int):
-        return -(1 << 63) <= rid < (1 << 64)
-    return isinstance(rid, str) and len(rid) <= 64 and _encodable(rid)
+def _replyable_id(obj: dict[str, Any]) -> object:
+    """The frame's id if ``_request_id`` takes it and orjson can write it back
+    (the stdlib parser reads integers of any size and lone surrogates); else None."""
+    try:
+        rid = _request_id(obj)
+    except ProtocolError:
+        return None
+    if isinstance(rid, int) and not -(1 << 63) <= rid < (1 << 64):
+        return None
+    if isinstance(rid, str) and not _encodable(rid):
+        return None
+    return rid
 
 
 def _encodable(text: str) -> bool:

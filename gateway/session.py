@@ -174,7 +174,7 @@ class Sessions:
         if result is None:
             return
         self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid,
-                                   "mid": result.mid, "ts": result.ts})
+                             "mid": result.mid, "ts": result.ts})
         self.metrics.send_latency.observe(time.perf_counter() - started)
         if result.frame is not None:
             self.pusher.push(f.to, result.frame, result.receiver_routes)
@@ -187,7 +187,7 @@ class Sessions:
         if result is None:
             return
         self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid, "mid": result.mid,
-                                   "seq": result.seq, "ts": result.ts})
+                             "seq": result.seq, "ts": result.ts})
         if result.frame is not None:
             self.pusher.publish_group(f.group, result.frame, skip_conn=client.id)
 
@@ -204,7 +204,7 @@ class Sessions:
         online = await self._guarded(client, f.id, lambda: self.live.join(client, f.room))
         if online is not None:
             self._reply(client, {"op": "joined", "re": f.id, "room": f.room,
-                                       "online": online})
+                                 "online": online})
 
     async def _leave(self, client: Client, f: p.Leave) -> None:
         async def leave() -> bool:

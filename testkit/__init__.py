@@ -8,6 +8,7 @@ Everything here talks to real servers on 127.0.0.1 and bounds every wait:
 - ``device``: one WebSocket client (``Device``).
 - ``lean``: a lean WebSocket for load, thousands per process (``LeanSocket``).
 - ``http``: one user on the HTTP API (``HttpUser``; ``HttpUsers`` share a client).
+- ``probe``: a Prometheus sample, a process's RSS (``sample``, ``rss_kb``).
 - ``tokens``: ``issue_token``.
 - ``namespace``: a fresh namespace, and dropping one.
 - ``soak``: the chat soak with failover clients (``Soak``).

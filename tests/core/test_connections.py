@@ -22,6 +22,7 @@ from gateway.grouphub import GroupHub
 from gateway.hub import Hub
 from gateway.metrics import NodeMetrics
 from gateway.rooms import RoomHub, RoomLimits
+from testkit.probe import sample
 
 
 class FakeTransport:
@@ -77,10 +78,7 @@ def parse(wire: bytes) -> list[Frame]:
 
 
 def metric(m: NodeMetrics, name: str) -> float:
-    for line in m.render().decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
+    return sample(m.render(), name)
 
 
 # -- ConnectionIndex ------------------------------------------------------------------------------

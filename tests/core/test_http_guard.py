@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.http_guard import UserBuckets
+from core.ratelimit import KeyedBuckets
 from gateway.http_models import Id, NewMembers, UserId
 
 BAD_IDS = ["a*", "{x}", "a b", "a\x00", "a\n", "$where", "x}{y", "été", "", "x" * 65,
@@ -14,7 +14,7 @@ BAD_IDS = ["a*", "{x}", "a b", "a\x00", "a\n", "$where", "x}{y", "été", "", "x
 
 
 def test_buckets_limit_each_user_alone():
-    b = UserBuckets(rate=1, burst=3)
+    b = KeyedBuckets(rate=1, burst=3)
     assert [b.take("flood", 0.0) for _ in range(5)] == [True, True, True, False, False]
     assert b.take("calm", 0.0)  # another user's bucket is its own
     assert b.retry_after("flood") == 1
@@ -22,7 +22,7 @@ def test_buckets_limit_each_user_alone():
 
 
 def test_idle_buckets_are_dropped_and_the_map_is_bounded():
-    b = UserBuckets(rate=10, burst=10, max_users=100)
+    b = KeyedBuckets(rate=10, burst=10, max_users=100)
     for i in range(50):
         b.take(f"u{i}", 0.0)
     assert len(b) == 50
@@ -34,7 +34,7 @@ def test_idle_buckets_are_dropped_and_the_map_is_bounded():
 
 
 def test_rate_zero_means_no_limit():
-    b = UserBuckets(rate=0, burst=1)
+    b = KeyedBuckets(rate=0, burst=1)
     assert all(b.take("u", 0.0) for _ in range(1000)) and len(b) == 0
 
 

@@ -24,16 +24,10 @@ from store.keys import Keys
 from testkit.device import Device
 from testkit.nodes import NodeProcess
 from testkit.poll import until
+from testkit.probe import rss_kb, sample
 from tests.conftest import RUN_NS, token, uid
 
 FAST_BEAT = {"heartbeat_s": 0.5, "heartbeat_ttl_s": 1.5}
-
-
-def metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
 
 
 async def metrics_of(proc: NodeProcess) -> str:
@@ -57,11 +51,7 @@ async def sync_all(h: httpx.AsyncClient) -> list[dict[str, Any]]:
 
 
 def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+    return rss_kb(pid) / 1024
 
 
 async def flood(proc: NodeProcess, user: str, frames: int) -> tuple[int, int, int | None]:
@@ -119,10 +109,10 @@ async def test_a_flood_is_refused_and_closed_while_others_are_served(node_proces
         assert code == 1008 and refused > 0  # told, then closed
         assert answered + refused < 20_000  # the node stopped answering the flood
     text = await metrics_of(proc)
-    assert metric(text, 'im_closed_total{reason="flood"}') == 4
+    assert sample(text, 'im_closed_total{reason="flood"}') == 4
     assert samples > 0 and lapses == []  # the heartbeat record was never in the past
-    assert metric(text, 'im_heartbeats_total{result="held"}') > 0
-    assert metric(text, 'im_heartbeats_total{result="lost"}') == 0
+    assert sample(text, 'im_heartbeats_total{result="held"}') > 0
+    assert sample(text, 'im_heartbeats_total{result="lost"}') == 0
 
 
 POISON = [  # (raw JSON text of the body, what a store could choke on)
@@ -252,7 +242,7 @@ async def test_a_client_that_never_reads_is_closed_and_memory_stays_bounded(node
 
 
 async def _closed_for(proc: NodeProcess, reason: str) -> bool:
-    return metric(await metrics_of(proc), f'im_closed_total{{reason="{reason}"}}') == 1
+    return sample(await metrics_of(proc), f'im_closed_total{{reason="{reason}"}}') == 1
 
 
 async def test_connections_per_user_are_capped(node_process):
@@ -284,5 +274,5 @@ async def test_recv_ack_flood_is_priced_by_its_mids(node_process):
     assert {(e["code"], e["re"]) for e in refused} == {("rate_limited", "ra")}
     text = await metrics_of(proc)
     # 600 tokens and the refill while 50 frames arrive: a handful ran, not 50.
-    assert metric(text, 'im_frames_in_total{op="recvack"}') < 10
-    assert metric(text, 'im_errors_total{code="rate_limited"}') > 40
+    assert sample(text, 'im_frames_in_total{op="recvack"}') < 10
+    assert sample(text, 'im_errors_total{code="rate_limited"}') > 40

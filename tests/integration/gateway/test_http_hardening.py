@@ -13,6 +13,7 @@ import pytest
 
 from testkit.nodes import NodeProcess, node_env
 from testkit.poll import until
+from testkit.probe import rss_kb
 from tests.conftest import RUN_NS, SECRET, token, uid
 
 BAD_IDS = ["a*", "{x}", "a b", "a\x00", "a\n", "$where", "x}{y", "été", "x" * 65]
@@ -147,11 +148,6 @@ async def test_a_body_within_the_limit_passes(make_node, http):
                      headers={"Content-Type": "application/json"})
     assert r.status_code == 413
     assert (await u.get("/v1/conversations")).status_code == 200
-
-
-def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
 async def test_unauthenticated_huge_body_is_refused_before_it_is_read(node_process):

@@ -12,6 +12,7 @@ import orjson
 from testkit.device import Device
 from testkit.http import HttpUser
 from testkit.poll import until
+from testkit.probe import sample
 from tests.conftest import settle, token, uid
 
 FAST = {"heartbeat_s": 0.5, "heartbeat_ttl_s": 1.5, "room_report_s": 0.1}
@@ -119,10 +120,7 @@ async def test_prio_messages_survive_the_cap_and_drops_are_counted(make_node, co
 
 
 def _metric(node: Any, name: str) -> float:
-    for line in node.metrics.render().decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
+    return sample(node.metrics.render(), name)
 
 
 async def test_stalled_client_does_not_delay_the_others_and_is_closed(make_node, connect):
