@@ -39,6 +39,10 @@ def new_parser(module: str, description: str | None, options: Iterable[Option] =
         p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
     for name in urls:
         p.add_argument(f"--{name}-url", default=URLS[name])
+    if "redis" in urls:
+        p.add_argument("--redis-cluster", type=int, choices=(0, 1), default=0,
+                       help="1: --redis-url lists the seeds of a Redis Cluster "
+                       "(scripts/redis_cluster.sh); the nodes get IM_REDIS_CLUSTER=1")
     if nodes:
         p.add_argument("--node-tree", metavar="DIR", help="run the nodes from this checkout "
                        "(e.g. a git worktree of another commit); default: this one")
@@ -56,7 +60,7 @@ def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namesp
 
 def check_loopback(p: argparse.ArgumentParser, urls: list[str]) -> None:
     """Exit with a usage error unless every URL is on loopback."""
-    for url in urls:
+    for url in (u.strip() for many in urls for u in many.split(",")):
         if urlsplit(url).hostname not in LOOPBACK:
             p.error(f"{url}: only 127.0.0.1 is allowed")
 

@@ -53,6 +53,7 @@ class Run:
                        refuse_burst=1_000_000, max_conns_per_user=1_000_000, http_rate=0,
                        metrics_port=-1, metrics_public=1, auth_secret=self.secret,
                        mongo_url=a.mongo_url, redis_url=a.redis_url, amqp_url=a.amqp_url,
+                       redis_cluster=getattr(a, "redis_cluster", 0),
                        **settings)
         nodes: list[NodeProcess] = []
         try:
@@ -79,4 +80,6 @@ class Run:
     async def cleanup(self) -> dict[str, Any]:
         a = self.args
         return {ns: await drop_namespace(ns, redis_url=a.redis_url, mongo_url=a.mongo_url,
-                                         amqp_url=a.amqp_url) for ns in self.namespaces}
+                                         amqp_url=a.amqp_url,
+                                         redis_cluster=bool(getattr(a, "redis_cluster", 0)))
+                for ns in self.namespaces}

@@ -22,7 +22,8 @@ class ConfigError(ValueError):
 class Settings:
     """Everything a node needs; defaults point at the local servers."""
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = "redis://127.0.0.1:6379/0"  # with IM_REDIS_CLUSTER=1: comma-separated seeds
+    redis_cluster: int = 0  # 1: IM_REDIS_URL names a Redis Cluster
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     mongo_url: str = "mongodb://127.0.0.1:27017"
     auth_secret: str = ""  # unset: a random secret kept in IM_AUTH_SECRET_FILE (gateway.auth)
@@ -147,6 +148,8 @@ class Settings:
                 raise ConfigError(f"IM_{name.upper()} must not be negative")
         if not -1 <= self.metrics_port <= 65_535:
             raise ConfigError("IM_METRICS_PORT must be a port, 0 (any free one) or -1 (none)")
+        if self.redis_cluster not in (0, 1):
+            raise ConfigError("IM_REDIS_CLUSTER must be 0 or 1")
         if self.metrics_public not in (0, 1):
             raise ConfigError("IM_METRICS_PUBLIC must be 0 or 1")
 

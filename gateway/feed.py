@@ -201,7 +201,8 @@ class FeedService:
         queries = [self.posts.by_author(a, cursor, want, top_level=True, unpushed=True)
                    for a in pulls]
         # Fan-outs under way (their entries may not be here yet): by id from Redis.
-        in_flight = [p for a, p in await self.cache.pending_below(cursor) if a in authors]
+        in_flight = [p for a, p in await self.cache.pending_below(cursor, authors=authors)
+                     if a in authors]
         if bound is None:
             queries.append(self.posts.by_authors(sorted(authors), cursor, want))
         docs = {d["_id"]: d for page in await asyncio.gather(*queries) for d in page}

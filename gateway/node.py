@@ -62,8 +62,8 @@ class Node:
         self.http_port = 0
         s = settings
         self.stores: Stores = open_stores(
-            redis_url=s.redis_url, mongo_url=s.mongo_url, namespace=s.namespace,
-            timeout_s=s.dep_timeout_s, lease_ttl_s=int(s.heartbeat_ttl_s),
+            redis_url=s.redis_url, redis_cluster=bool(s.redis_cluster), mongo_url=s.mongo_url,
+            namespace=s.namespace, timeout_s=s.dep_timeout_s, lease_ttl_s=int(s.heartbeat_ttl_s),
             heartbeat_ttl_s=s.heartbeat_ttl_s,
             limits=InboxLimits(offline_max=s.offline_max, offline_ttl_s=s.offline_ttl_s,
                                unread_cap=s.unread_cap, dedup_ttl_s=s.dedup_ttl_s),

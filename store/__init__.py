@@ -63,14 +63,15 @@ class Stores:
     close: Callable[[], Awaitable[None]]
 
 
-def open_stores(*, redis_url: str, mongo_url: str, namespace: str, timeout_s: float,
-                limits: InboxLimits, lease_ttl_s: int, heartbeat_ttl_s: float,
+def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
+                namespace: str, timeout_s: float, limits: InboxLimits, lease_ttl_s: int,
+                heartbeat_ttl_s: float,
                 encode_group_last: Callable[[GroupMessage], bytes],
                 mongo_w: str = "majority") -> Stores:
     """Open the clients (lazily: nothing is sent until a store is used) and
     build the stores. ``encode_group_last`` makes the bytes a group's state
     keeps as its newest message (the client frame, so the gateway's)."""
-    redis = connect_redis(redis_url, timeout_s)
+    redis = connect_redis(redis_url, timeout_s, cluster=redis_cluster)
     mongo = connect_mongo(mongo_url, timeout_s, mongo_w)
     db = mongo[namespace]
     keys = Keys(namespace)
@@ -84,7 +85,8 @@ def open_stores(*, redis_url: str, mongo_url: str, namespace: str, timeout_s: fl
     def keeper(name: str, number: int, period_s: float) -> ports.LeaseKeeper:
         return LeaseKeeperRedis(redis_url, keys, name=name, number=number, token=lease.token,
                                 lease_ttl_s=lease_ttl_s, heartbeat_ttl_s=heartbeat_ttl_s,
-                                period_s=period_s, timeout_s=timeout_s)
+                                period_s=period_s, timeout_s=timeout_s,
+                                cluster=redis_cluster)
 
     async def check_mongo() -> None:
         await messages.ping()

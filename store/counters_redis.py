@@ -9,10 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from store.keys import Keys
-from store.redis_client import load_lua, redis_guard
+from store.keys import COUNTER_SHARDS, Keys
+from store.redis_client import Batch, Lua, RedisClient, redis_guard
 
 __all__ = ["COUNT_FIELDS", "CountersRedis"]
 
@@ -20,38 +18,42 @@ COUNT_FIELDS = {"r": "reposts", "c": "comments", "l": "likes"}
 
 
 class CountersRedis:
-    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self._count = redis.register_script(load_lua("counter.lua"))
-        self._merge = redis.register_script(load_lua("counter_merge.lua"))
+        self._count = Lua("counter.lua")
+        self._merge = Lua("counter_merge.lua")
 
     async def bump(self, post: int, field: str, delta: int = 1) -> None:
         async with redis_guard():
-            await self._count(keys=[self.keys.post_counts(post), self.keys.dirty_counts()],
-                              args=[field, delta, post])
+            await self._count(self.redis, [self.keys.post_counts(post),
+                                           self.keys.dirty_counts(post % COUNTER_SHARDS)],
+                              [field, delta, post])
 
     async def counts(self, docs: Sequence[dict[str, Any]]) -> dict[int, dict[str, int]]:
         """Counts of these posts (documents as read from MongoDB), one round trip;
         a hash that lost its merged state gets MongoDB's flushed counts added."""
         async with redis_guard():
-            pipe = self.redis.pipeline(transaction=False)
+            batch = Batch(self.redis)
             for d in docs:
                 c = d.get("counts") or {}
-                await self._merge(keys=[self.keys.post_counts(d["_id"])],
-                                  args=[c.get("reposts", 0), c.get("comments", 0),
-                                        c.get("likes", 0)], client=pipe)
-            raw = await pipe.execute()
+                batch.script(self._merge, keys=[self.keys.post_counts(d["_id"])],
+                             args=[c.get("reposts", 0), c.get("comments", 0),
+                                   c.get("likes", 0)])
+            raw = await batch.execute()
         return {d["_id"]: {name: int(v or 0) for name, v in
                            zip(COUNT_FIELDS.values(), r, strict=True)}
                 for d, r in zip(docs, raw, strict=True)}
 
     async def dirty(self, n: int) -> tuple[dict[int, dict[str, int]], list[int]]:
-        """Take up to ``n`` changed counters to flush: (merged counts, ids whose
-        hash still needs MongoDB's values merged in first)."""
+        """Take up to about ``n`` changed counters to flush, from every shard:
+        (merged counts, ids whose hash still needs MongoDB's values merged in first)."""
+        each = -(-n // COUNTER_SHARDS)
         async with redis_guard():
-            ids = [int(x) for x in await self.redis.spop(  # type: ignore[misc]
-                self.keys.dirty_counts(), n) or ()]
+            pipe = self.redis.pipeline(transaction=False)
+            for sh in range(COUNTER_SHARDS):
+                pipe.spop(self.keys.dirty_counts(sh), each)
+            ids = [int(x) for popped in await pipe.execute() for x in popped or ()]
             if not ids:
                 return {}, []
             pipe = self.redis.pipeline(transaction=False)
@@ -71,4 +73,7 @@ class CountersRedis:
         ids = list(ids)
         if ids:
             async with redis_guard():
-                await self.redis.sadd(self.keys.dirty_counts(), *ids)  # type: ignore[misc]
+                pipe = self.redis.pipeline(transaction=False)
+                for p in ids:
+                    pipe.sadd(self.keys.dirty_counts(p % COUNTER_SHARDS), p)
+                await pipe.execute()

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import redis.asyncio as aioredis
-
 from core import dedup
 from store.keys import Keys
-from store.redis_client import redis_guard
+from store.redis_client import RedisClient, redis_guard
 
 __all__ = ["DedupRedis"]
 
 
 class DedupRedis:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, pending_ttl_s: int) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, pending_ttl_s: int) -> None:
         self.redis = redis
         self.keys = keys
         self.pending_ttl_s = pending_ttl_s

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import redis.asyncio as aioredis
-
-from store.keys import Keys
+from store.keys import PULL_SHARDS, TIMELINE_SHARDS, Keys
 from store.ports import FollowStore, PostStore
-from store.redis_client import load_lua, redis_guard
+from store.redis_client import Batch, Lua, RedisClient, redis_guard
 
 __all__ = ["FeedCacheRedis"]
 
@@ -20,13 +18,13 @@ MARK = "~"
 
 
 class FeedCacheRedis:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, follows: FollowStore,
+    def __init__(self, redis: RedisClient, keys: Keys, follows: FollowStore,
                  posts: PostStore) -> None:
         self.redis = redis
         self.keys = keys
         self.follows = follows
         self.posts = posts
-        self._hmax = redis.register_script(load_lua("hmax.lua"))
+        self._hmax = Lua("hmax.lua")
 
     # -- following ---------------------------------------------------------------
     async def following(self, user: str) -> set[str]:
@@ -51,52 +49,83 @@ class FeedCacheRedis:
 
     # -- authors whose posts are pulled --------------------------------------------
     async def pull_max(self, authors: Iterable[str]) -> dict[str, int]:
-        """Newest unpushed post id of each author that has one."""
-        authors = list(authors)
-        key = self.keys.pullers()
+        """Newest unpushed post id of each author that has one (one round trip:
+        an HMGET per shard these authors fall in)."""
+        by_shard: dict[int, list[str]] = {}
+        for a in authors:
+            by_shard.setdefault(self.keys.pull_shard(a), []).append(a)
+        shards = sorted(by_shard)
         async with redis_guard():
-            raw = await self.redis.hmget(key, [MARK, *authors])  # type: ignore[misc]
-        if raw[0] is None:
-            found = await self.posts.pullers()
-            async with redis_guard():
-                pipe = self.redis.pipeline(transaction=False)
-                for a, v in found.items():
-                    await self._hmax(keys=[key], args=[a, v], client=pipe)
-                pipe.hset(key, MARK, 1)
-                await pipe.execute()
-            return {a: found[a] for a in authors if a in found}
-        return {a: int(v) for a, v in zip(authors, raw[1:], strict=True) if v is not None}
+            pipe = self.redis.pipeline(transaction=False)
+            for sh in shards:
+                pipe.hmget(self.keys.pullers_shard(sh), [MARK, *by_shard[sh]])
+            raw = await pipe.execute()
+        out: dict[str, int] = {}
+        incomplete = []
+        for sh, values in zip(shards, raw, strict=True):
+            if values[0] is None:
+                incomplete.append(sh)
+                continue
+            out.update({a: int(v) for a, v in zip(by_shard[sh], values[1:], strict=True)
+                        if v is not None})
+        if incomplete:
+            found = await self._rebuild_pullers(incomplete)
+            out.update({a: found[a] for sh in incomplete for a in by_shard[sh] if a in found})
+        return out
+
+    async def _rebuild_pullers(self, shards: list[int]) -> dict[str, int]:
+        """Fill these shards from MongoDB (HMAX: a newer id already here stays)."""
+        found = await self.posts.pullers()
+        wanted = set(shards)
+        async with redis_guard():
+            batch = Batch(self.redis)
+            for a, v in found.items():
+                if self.keys.pull_shard(a) in wanted:
+                    batch.script(self._hmax, keys=[self.keys.pullers(a)], args=[a, v])
+            await batch.execute()
+            pipe = self.redis.pipeline(transaction=False)  # complete only once filled
+            for sh in shards:
+                pipe.hset(self.keys.pullers_shard(sh), MARK, 1)
+            await pipe.execute()
+        return found
 
     async def set_pull(self, author: str, post: int) -> None:
         async with redis_guard():
-            await self._hmax(keys=[self.keys.pullers()], args=[author, post])
+            await self._hmax(self.redis, [self.keys.pullers(author)], [author, post])
 
     # -- fan-outs under way ----------------------------------------------------------
     async def pending(self, author: str, post: int, yes: bool) -> None:
         async with redis_guard():
-            key, member = self.keys.fanouts_pending(), f"{author}|{post}"
+            key, member = self.keys.fanouts_pending(author), f"{author}|{post}"
             if yes:
                 await self.redis.zadd(key, {member: post})
             else:
                 await self.redis.zrem(key, member)
 
-    async def pending_below(self, before: int | None, limit: int = 1000
-                            ) -> list[tuple[str, int]]:
-        """(author, post) of fan-outs under way, newest first, post < ``before``."""
+    async def pending_below(self, before: int | None, limit: int = 1000,
+                            authors: Iterable[str] | None = None) -> list[tuple[str, int]]:
+        """(author, post) of fan-outs under way, newest first, post < ``before``:
+        of ``authors`` (the shards they fall in) or, without them, of everyone."""
+        shards = (sorted({self.keys.pull_shard(a) for a in authors}) if authors is not None
+                  else list(range(PULL_SHARDS)))
         high = f"({before}" if before is not None else "+inf"
         async with redis_guard():
-            raw: list[bytes] = await self.redis.zrevrangebyscore(  # type: ignore[assignment]
-                self.keys.fanouts_pending(), high, "-inf", start=0, num=limit)
+            pipe = self.redis.pipeline(transaction=False)
+            for sh in shards:
+                pipe.zrevrangebyscore(self.keys.fanouts_pending_shard(sh), high, "-inf",
+                                      start=0, num=limit, withscores=True)
+            raw: list[list[tuple[bytes, float]]] = await pipe.execute()
+        found = sorted(((int(score), m) for rows in raw for m, score in rows), reverse=True)
         out = []
-        for m in raw:
-            author, _, post = m.decode().rpartition("|")
-            out.append((author, int(post)))
+        for post, m in found[:limit]:
+            author, _, _ = m.decode().rpartition("|")
+            out.append((author, post))
         return out
 
     # -- timeline floors and trimming ----------------------------------------------
     async def floor(self, user: str) -> int:
         async with redis_guard():
-            raw = await self.redis.hget(self.keys.timeline_floors(), user)  # type: ignore[misc]
+            raw = await self.redis.hget(self.keys.timeline_floors(user), user)  # type: ignore[misc]
         if raw is not None:
             return int(raw)
         value = int((await self.follows.user(user)).get("tl_floor", 0))
@@ -105,25 +134,32 @@ class FeedCacheRedis:
 
     async def set_floor(self, user: str, value: int) -> None:
         async with redis_guard():
-            await self._hmax(keys=[self.keys.timeline_floors()], args=[user, value])
+            await self._hmax(self.redis, [self.keys.timeline_floors(user)], [user, value])
 
     async def grew(self, users: Sequence[str], keep: int, slack: int) -> None:
         """``users`` got one entry each; those past keep + slack are due a trim."""
         async with redis_guard():
             pipe = self.redis.pipeline(transaction=False)
             for u in users:
-                pipe.hincrby(self.keys.timeline_growth(), u, 1)
+                pipe.hincrby(self.keys.timeline_growth(u), u, 1)
             counts = await pipe.execute()
             due = [u for u, n in zip(users, counts, strict=True) if n > keep + slack]
             if due:
-                await self.redis.sadd(self.keys.timeline_trims(), *due)  # type: ignore[misc]
+                pipe = self.redis.pipeline(transaction=False)
+                for u in due:
+                    pipe.sadd(self.keys.timeline_trims(self.keys.timeline_shard(u)), u)
+                await pipe.execute()
 
     async def due_trims(self, n: int) -> list[str]:
+        """Up to about ``n`` users due a trim, taken from every shard."""
+        each = -(-n // TIMELINE_SHARDS)
         async with redis_guard():
-            raw: list[bytes] | None = await self.redis.spop(  # type: ignore[assignment,misc]
-                self.keys.timeline_trims(), n)
-        return [u.decode() for u in raw or ()]
+            pipe = self.redis.pipeline(transaction=False)
+            for sh in range(TIMELINE_SHARDS):
+                pipe.spop(self.keys.timeline_trims(sh), each)
+            raw: list[list[bytes] | None] = await pipe.execute()
+        return [u.decode() for users in raw for u in users or ()]
 
     async def trimmed(self, user: str, keep: int) -> None:
         async with redis_guard():
-            await self.redis.hset(self.keys.timeline_growth(), user, keep)  # type: ignore[misc]
+            await self.redis.hset(self.keys.timeline_growth(user), user, keep)  # type: ignore[misc]

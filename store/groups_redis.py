@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
-
-import redis.asyncio as aioredis
+from typing import Any
 
 from store.errors import Unavailable
 from store.keys import Keys
 from store.ports import GroupStore
 from store.records import GroupMessage, GroupState, Membership
-from store.redis_client import load_lua, redis_guard
+from store.redis_client import Batch, Lua, RedisClient, redis_guard
 
 __all__ = ["GroupCacheRedis"]
 
@@ -37,14 +36,14 @@ class GroupCacheRedis:
     group's ``last`` (the client frame: the gateway's, handed in).
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, store: GroupStore,
+    def __init__(self, redis: RedisClient, keys: Keys, store: GroupStore,
                  encode_last: Callable[[GroupMessage], bytes]) -> None:
         self.redis = redis
         self.keys = keys
         self.store = store
         self.encode_last = encode_last
-        self._state = redis.register_script(load_lua("group_state.lua"))
-        self._read = redis.register_script(load_lua("read_seq.lua"))
+        self._state = Lua("group_state.lua")
+        self._read = Lua("read_seq.lua")
 
     # -- members ---------------------------------------------------------------
     async def is_member(self, group: str, user: str) -> bool:
@@ -159,7 +158,7 @@ class GroupCacheRedis:
         return out
 
     @staticmethod
-    def _fill_user(pipe: aioredis.client.Pipeline, key: str,
+    def _fill_user(pipe: Any, key: str,
                    docs: dict[str, Membership]) -> None:
         """Queue a rebuild of one user's groups hash from MongoDB's memberships."""
         for g, m in docs.items():  # HSETNX: a newer read seq already here stays
@@ -171,7 +170,7 @@ class GroupCacheRedis:
         """Move the read seq forward; None if ``user`` is not a member."""
         await self.user_groups(user)  # make sure the hash is complete
         async with redis_guard():
-            value = await self._read(keys=[self.keys.user_groups(user)], args=[group, seq])
+            value = await self._read(self.redis, [self.keys.user_groups(user)], [group, seq])
         return None if value is None or value is False else int(value)
 
     # -- group state --------------------------------------------------------------
@@ -210,7 +209,7 @@ class GroupCacheRedis:
         doc = await self.store.get(group) or {}
         last = await self.store.last(group)
         async with redis_guard():
-            await self._state(keys=[self.keys.group_state(group)], args=[
+            await self._state(self.redis, keys=[self.keys.group_state(group)], args=[
                 doc.get("seq", 0), doc.get("lastmid", 0),
                 self.encode_last(last) if last else "", doc.get("rdmid", 0), "1"])
             raw: dict[bytes, bytes] = await self.redis.hgetall(  # type: ignore[assignment]
@@ -220,17 +219,17 @@ class GroupCacheRedis:
     async def created(self, group: str) -> None:
         """A new group's state is known in full: seq 0, no message."""
         async with redis_guard():
-            await self._state(keys=[self.keys.group_state(group)], args=[0, 0, "", 0, "1"])
+            await self._state(self.redis, [self.keys.group_state(group)], [0, 0, "", 0, "1"])
 
     async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
                      senders: Sequence[tuple[str, str, int]] = ()) -> None:
         """After a batch: (group, seq, lastmid, encoded newest message, rdmid) per
         group, and (user, group, seq) per sender: its own messages are read."""
         async with redis_guard():
-            pipe = self.redis.pipeline(transaction=False)
+            batch = Batch(self.redis)
             for g, seq, lastmid, last, rdmid in updates:
-                await self._state(keys=[self.keys.group_state(g)],
-                                  args=[seq, lastmid, last, rdmid, "0"], client=pipe)
+                batch.script(self._state, keys=[self.keys.group_state(g)],
+                             args=[seq, lastmid, last, rdmid, "0"])
             for user, g, seq in senders:
-                await self._read(keys=[self.keys.user_groups(user)], args=[g, seq], client=pipe)
-            await pipe.execute()
+                batch.script(self._read, keys=[self.keys.user_groups(user)], args=[g, seq])
+            await batch.execute()

@@ -9,7 +9,8 @@ loop is busy the GIL still switches threads every few milliseconds.
 
 Each beat: renew the lease (``lease_renew.lua``; a vanished key, after Redis
 lost its data, is taken again with ``SET NX``), then write this node's
-heartbeat expiry and read every node's (one pipeline).
+heartbeat expiry and read every node's (one pipeline). On a Redis Cluster
+the thread has a cluster client of its own (each key is one slot).
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import time
 from collections.abc import Callable
 
 import redis
-from redis.exceptions import RedisError
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.retry import Retry
 
 from core.errors import Unavailable
 from store.keys import Keys
 from store.records import Beat
-from store.redis_client import load_lua
+from store.redis_client import Lua, cluster_seeds
 
 __all__ = ["LeaseKeeperRedis"]
 
@@ -34,7 +38,7 @@ Report = Callable[[Beat | Unavailable], None]
 class LeaseKeeperRedis:
     def __init__(self, url: str, keys: Keys, *, name: str, number: int, token: str,
                  lease_ttl_s: int, heartbeat_ttl_s: float, period_s: float,
-                 timeout_s: float) -> None:
+                 timeout_s: float, cluster: bool = False) -> None:
         self.keys = keys
         self.name = name
         self.number = number
@@ -42,9 +46,11 @@ class LeaseKeeperRedis:
         self.lease_ttl_s = lease_ttl_s
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.period_s = period_s
-        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                           socket_connect_timeout=timeout_s)
-        self._renew = self._redis.register_script(load_lua("lease_renew.lua"))
+        self._url = url
+        self._cluster = cluster
+        self._timeout_s = timeout_s
+        self._client: redis.Redis | RedisCluster | None = None  # made on the first beat
+        self._renew = Lua("lease_renew.lua")
         self._lock = threading.Lock()  # one beat at a time (the thread's, or beat_once's)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -63,16 +69,34 @@ class LeaseKeeperRedis:
         with self._lock:
             try:
                 return self._beat()
-            except (RedisError, OSError) as exc:
+            except (RedisError, RedisClusterException, OSError) as exc:
                 return Unavailable("redis", type(exc).__name__)
 
+    def _redis(self) -> redis.Redis | RedisCluster:
+        if self._client is None:
+            t = self._timeout_s
+            if self._cluster:
+                self._client = RedisCluster(
+                    startup_nodes=[ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                                   for h, p in cluster_seeds(self._url)],
+                    socket_timeout=t, socket_connect_timeout=t,
+                    retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 2))
+            else:
+                self._client = redis.Redis.from_url(self._url, socket_timeout=t,
+                                                    socket_connect_timeout=t)
+        return self._client
+
     def _beat(self) -> Beat:
+        r = self._redis()
         lease = self.keys.node_lease(self.number)
-        state = int(self._renew(keys=[lease], args=[self.token, self.lease_ttl_s]))
-        retaken = state == 0 and bool(self._redis.set(lease, self.token, nx=True,
-                                                      ex=self.lease_ttl_s))
+        script, call = self._renew, (1, lease, self.token, self.lease_ttl_s)
+        try:
+            state = int(r.evalsha(script.sha, *call))  # type: ignore[arg-type]
+        except NoScriptError:
+            state = int(r.eval(script.text, *call))  # type: ignore[arg-type]
+        retaken = state == 0 and bool(r.set(lease, self.token, nx=True, ex=self.lease_ttl_s))
         now = time.time()
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = r.pipeline(transaction=False)
         pipe.zadd(self.keys.nodes(), {self.name: now + self.heartbeat_ttl_s})
         pipe.zremrangebyscore(self.keys.nodes(), "-inf", now - 3600)  # forget the long dead
         pipe.zrange(self.keys.nodes(), 0, -1, withscores=True)
@@ -84,4 +108,5 @@ class LeaseKeeperRedis:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.period_s + 5)
-        self._redis.close()
+        if self._client is not None:
+            self._client.close()

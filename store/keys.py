@@ -3,12 +3,22 @@
 Keys of one user carry that user's id as the Redis Cluster hash tag
 (``{alice}``), so a Lua script that touches one user's keys touches one slot.
 Ids are validated against ``[A-Za-z0-9_.:-]{1,64}`` before they get here, so
-they never contain braces.
+they never contain braces. Every Lua script takes keys of one hash tag only.
 """
 
 from __future__ import annotations
 
-__all__ = ["Keys"]
+import zlib
+
+__all__ = ["COUNTER_SHARDS", "PULL_SHARDS", "TIMELINE_SHARDS", "Keys"]
+
+# Keys every user or post would otherwise share are split into shards, each
+# its own hash tag (slot), so no single Redis Cluster node takes every
+# timeline write or every counter change (docs/scaling.md: their cost at 10x).
+COUNTER_SHARDS = 64  # post counters and their dirty sets, by post id
+TIMELINE_SHARDS = 64  # timeline floors, growth and trims, by user
+PULL_SHARDS = 16  # pulled authors and fan-outs under way, by author; a timeline read
+# reads the shards of the authors it follows
 
 
 class Keys:
@@ -68,33 +78,54 @@ class Keys:
         """Set of the ids ``user`` follows, plus ``~`` once complete."""
         return f"{self.ns}:fo:{{{user}}}"
 
-    def pullers(self) -> str:
-        """Hash: author -> newest post id not pushed to timelines; ``~`` once complete."""
-        return f"{self.ns}:fp"
+    def pullers(self, author: str) -> str:
+        """Hash (one of ``PULL_SHARDS``, by author): author -> newest post id not
+        pushed to timelines; ``~`` once the shard is complete."""
+        return f"{self.ns}:fp:{{fp:{self.pull_shard(author)}}}"
 
-    def fanouts_pending(self) -> str:
-        """Sorted set: ``author|post`` -> post id, while the post's fan-out runs."""
-        return f"{self.ns}:fpend"
+    def pullers_shard(self, shard: int) -> str:
+        return f"{self.ns}:fp:{{fp:{shard}}}"
 
-    def timeline_floors(self) -> str:
-        """Hash: user -> id below which the user's timeline was trimmed."""
-        return f"{self.ns}:tlf"
+    def fanouts_pending(self, author: str) -> str:
+        """Sorted set (sharded as ``pullers``): ``author|post`` -> post id, while
+        the post's fan-out runs."""
+        return self.fanouts_pending_shard(self.pull_shard(author))
 
-    def timeline_growth(self) -> str:
-        """Hash: user -> timeline entries added since its last trim."""
-        return f"{self.ns}:tln"
+    def fanouts_pending_shard(self, shard: int) -> str:
+        return f"{self.ns}:fpend:{{fp:{shard}}}"
 
-    def timeline_trims(self) -> str:
-        """Set of users whose timelines are due a trim."""
-        return f"{self.ns}:tlt"
+    @staticmethod
+    def pull_shard(author: str) -> int:
+        return zlib.crc32(author.encode()) % PULL_SHARDS
+
+    def timeline_floors(self, user: str) -> str:
+        """Hash (one of ``TIMELINE_SHARDS``, by user): user -> id below which the
+        user's timeline was trimmed."""
+        return f"{self.ns}:tlf:{{tl:{self.timeline_shard(user)}}}"
+
+    def timeline_growth(self, user: str) -> str:
+        """Hash (sharded as ``timeline_floors``): user -> entries added since its
+        last trim."""
+        return f"{self.ns}:tln:{{tl:{self.timeline_shard(user)}}}"
+
+    def timeline_trims(self, shard: int) -> str:
+        """Set, one per timeline shard: users whose timelines are due a trim."""
+        return f"{self.ns}:tlt:{{tl:{shard}}}"
+
+    @staticmethod
+    def timeline_shard(user: str) -> int:
+        return zlib.crc32(user.encode()) % TIMELINE_SHARDS
 
     def post_counts(self, post: int) -> str:
-        """Hash: r (reposts), c (comments), l (likes), ok once merged with MongoDB."""
-        return f"{self.ns}:pc:{{p:{post}}}"
+        """Hash: r (reposts), c (comments), l (likes), ok once merged with MongoDB.
+        Tagged with the post's counter shard, so one script moves a counter and
+        marks it dirty in one slot."""
+        return f"{self.ns}:pc:{{pc:{post % COUNTER_SHARDS}}}:{post}"
 
-    def dirty_counts(self) -> str:
-        """Set of post ids whose counters changed since the last flush."""
-        return f"{self.ns}:pcd"
+    def dirty_counts(self, shard: int) -> str:
+        """Set, one per counter shard (post id mod ``COUNTER_SHARDS``): post ids
+        whose counters changed since the last flush."""
+        return f"{self.ns}:pcd:{{pc:{shard}}}"
 
     # -- per room (hash tag = room id) ----------------------------------------
     def room_online(self, room: str) -> str:

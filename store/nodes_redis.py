@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import secrets
 
-import redis.asyncio as aioredis
-
 from core.ids import MAX_NODE_ID
 from store.errors import Unavailable
 from store.keys import Keys
-from store.redis_client import redis_guard
+from store.redis_client import RedisClient, redis_guard
 
 __all__ = ["NodeDirectoryRedis", "NodeLeaseRedis"]
 
 class NodeLeaseRedis:
     """The numeric id a node holds (kept alive by ``keeper_redis.LeaseKeeperRedis``)."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, ttl_s: int) -> None:
         self.redis = redis
         self.keys = keys
         self.ttl_s = ttl_s
@@ -52,7 +50,7 @@ class NodeLeaseRedis:
 class NodeDirectoryRedis:
     """Heartbeats: ``ns:nodes`` zset of node name -> heartbeat expiry."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
 

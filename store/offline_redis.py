@@ -11,13 +11,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from core.ids import mid_for_time_ms
 from store.errors import Unavailable
 from store.keys import Keys
 from store.records import ConversationRow, Delivery, InboxLimits, OfflinePage
-from store.redis_client import load_lua, redis_guard
+from store.redis_client import Batch, Lua, RedisClient, cluster_state, redis_guard
 
 __all__ = ["OfflineRedis"]
 
@@ -25,15 +23,15 @@ __all__ = ["OfflineRedis"]
 class OfflineRedis:
     """Redis side of chat state for one namespace."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, limits: InboxLimits) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, limits: InboxLimits) -> None:
         self.redis = redis
         self.keys = keys
         self.limits = limits
-        self._deliver = redis.register_script(load_lua("deliver.lua"))
-        self._read = redis.register_script(load_lua("read.lua"))
-        self._ack = redis.register_script(load_lua("offline_ack.lua"))
-        self._page = redis.register_script(load_lua("offline_page.lua"))
-        self._convs = redis.register_script(load_lua("conversations.lua"))
+        self._deliver = Lua("deliver.lua")
+        self._read = Lua("read.lua")
+        self._ack = Lua("offline_ack.lua")
+        self._page = Lua("offline_page.lua")
+        self._convs = Lua("conversations.lua")
 
     # -- delivery ------------------------------------------------------------
     async def deliver(
@@ -48,10 +46,12 @@ class OfflineRedis:
         lim = self.limits
         oldest = mid_for_time_ms(int(time.time() * 1000) - lim.offline_ttl_s * 1000)
         async with redis_guard():
-            pipe = self.redis.pipeline(transaction=False)
+            batch = Batch(self.redis)
+            pipe = batch.pipe
             for d in deliveries:
                 k = self.keys
-                await self._deliver(
+                batch.script(
+                    self._deliver,
                     keys=[
                         k.offline(d.owner), k.offline_meta(d.owner), k.unread(d.owner),
                         k.unread_mids(d.owner, d.conv), k.convs(d.owner), k.conv_last(d.owner),
@@ -61,14 +61,13 @@ class OfflineRedis:
                         oldest, lim.unread_cap, lim.convs_max, lim.offline_ttl_s,
                         "1" if d.conv_list else "0",
                     ],
-                    client=pipe,
                 )
             for sender, cmid, value in acked:
                 pipe.set(self.keys.dedup(sender, cmid), value, ex=lim.dedup_ttl_s)
             if routes:
                 for d in deliveries:
                     pipe.hgetall(self.keys.routes(d.owner))
-            results = await pipe.execute()
+            results = await batch.execute()
         found = results[len(deliveries) + len(acked):]
         return [{f.decode(): n.decode() for f, n in r.items()} for r in found]
 
@@ -76,7 +75,7 @@ class OfflineRedis:
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
         async with redis_guard():
             count = await self._read(
-                keys=[self.keys.unread(user), self.keys.unread_mids(user, conv)],
+                self.redis, keys=[self.keys.unread(user), self.keys.unread_mids(user, conv)],
                 args=[conv, mid],
             )
         return int(count)
@@ -84,12 +83,13 @@ class OfflineRedis:
     async def ack(self, user: str, *, mids: Sequence[int] = (), upto: int = -1) -> None:
         args: list[Any] = ["upto", upto] if upto >= 0 else ["mids", *mids]
         async with redis_guard():
-            await self._ack(keys=[self.keys.offline(user), self.keys.offline_meta(user)], args=args)
+            k = self.keys
+            await self._ack(self.redis, [k.offline(user), k.offline_meta(user)], args)
 
     async def page(self, user: str, since: int, count: int) -> OfflinePage:
         async with redis_guard():
             raw = await self._page(
-                keys=[self.keys.offline(user), self.keys.offline_meta(user)], args=[since, count]
+                self.redis, [self.keys.offline(user), self.keys.offline_meta(user)], [since, count]
             )
         floor = raw[0]
         if floor is None or floor is False or int(floor) > since:
@@ -109,7 +109,7 @@ class OfflineRedis:
         k = self.keys
         async with redis_guard():
             raw = await self._convs(
-                keys=[k.convs(user), k.conv_last(user), k.unread(user)], args=[count]
+                self.redis, keys=[k.convs(user), k.conv_last(user), k.unread(user)], args=[count]
             )
         rows = [
             ConversationRow(raw[i].decode(), int(float(raw[i + 1])), int(raw[i + 2]),
@@ -119,6 +119,11 @@ class OfflineRedis:
         return int(raw[0]), rows
 
     async def ping(self) -> None:
+        """Redis answers; a Redis Cluster answers on every primary and each
+        says ``cluster_state:ok``."""
         async with redis_guard():
-            if not await self.redis.ping():
+            state = await cluster_state(self.redis)
+            if state == "single" and not await self.redis.ping():
                 raise Unavailable("redis", "no PONG")
+        if state == "fail":
+            raise Unavailable("redis", "cluster_state:fail")

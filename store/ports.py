@@ -282,8 +282,10 @@ class FeedCache(Protocol):
 
     async def pending(self, author: str, post: int, yes: bool) -> None: ...
 
-    async def pending_below(self, before: int | None, limit: int = 1000
-                            ) -> list[tuple[str, int]]: ...
+    async def pending_below(self, before: int | None, limit: int = 1000,
+                            authors: Iterable[str] | None = None) -> list[tuple[str, int]]:
+        """Fan-outs under way below ``before``, newest first: at least those of
+        ``authors`` (all, without them); callers filter by author."""
 
     async def floor(self, user: str) -> int: ...
 

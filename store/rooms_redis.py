@@ -14,11 +14,9 @@ import contextlib
 import time
 from collections.abc import Iterable, Mapping
 
-import redis.asyncio as aioredis
-
 from store.errors import Unavailable
 from store.keys import Keys
-from store.redis_client import redis_guard
+from store.redis_client import RedisClient, redis_guard
 
 __all__ = ["RoomCountsRedis"]
 
@@ -26,7 +24,7 @@ __all__ = ["RoomCountsRedis"]
 class RoomCountsRedis:
     """Per-room online counts across nodes, for one namespace."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, ttl_s: int = 3600) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, ttl_s: int = 3600) -> None:
         self.redis = redis
         self.keys = keys
         self.ttl_s = ttl_s

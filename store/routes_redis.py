@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-import redis.asyncio as aioredis
-
 from store.keys import Keys
-from store.redis_client import redis_guard
+from store.redis_client import RedisClient, redis_guard
 
 __all__ = ["RoutesRedis"]
 
@@ -20,7 +18,7 @@ __all__ = ["RoutesRedis"]
 class RoutesRedis:
     """Routes for one namespace."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, route_ttl_s: int = 86_400) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, route_ttl_s: int = 86_400) -> None:
         self.redis = redis
         self.keys = keys
         self.route_ttl_s = route_ttl_s

@@ -19,12 +19,16 @@ def new_namespace(prefix: str = "t") -> str:
 
 
 async def drop_namespace(ns: str, *, redis_url: str, mongo_url: str,
-                         amqp_url: str | None = None, timeout: float = 120) -> dict[str, Any]:
+                         amqp_url: str | None = None, timeout: float = 120,
+                         redis_cluster: bool = False) -> dict[str, Any]:
     """Delete the Redis keys ``ns*``, drop the MongoDB database ``ns`` and, given
     ``amqp_url``, the two exchanges the nodes declared. Each step is bounded and
-    reported (a count, or why it failed); the others run anyway."""
+    reported (a count, or why it failed); the others run anyway. With
+    ``redis_cluster``, ``redis_url`` lists a Redis Cluster's seeds and every
+    primary is scanned."""
     steps: list[tuple[str, Callable[[str, str], Awaitable[Any]], str]] = [
-        ("redis_keys", _delete_keys, redis_url), ("mongo", _drop_database, mongo_url)]
+        ("redis_keys", _delete_cluster_keys if redis_cluster else _delete_keys, redis_url),
+        ("mongo", _drop_database, mongo_url)]
     if amqp_url is not None:
         steps.append(("exchanges", _delete_exchanges, amqp_url))
     done: dict[str, Any] = {}
@@ -50,6 +54,28 @@ async def _delete_keys(redis_url: str, ns: str) -> int:
                 batch = []
         if batch:
             deleted += await r.delete(*batch)
+    finally:
+        await r.aclose()
+    return deleted
+
+
+async def _delete_cluster_keys(redis_url: str, ns: str) -> int:
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    from store.redis_client import cluster_seeds
+
+    r = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster_seeds(redis_url)],
+                     socket_timeout=10)
+    deleted = 0
+    try:
+        # scan_iter visits every primary; DEL is sent one key at a time (keys
+        # of a namespace span every slot).
+        keys = [k async for k in r.scan_iter(match=f"{ns}*", count=1000)]
+        for i in range(0, len(keys), 500):
+            pipe = r.pipeline(transaction=False)
+            for k in keys[i:i + 500]:
+                pipe.delete(k)
+            deleted += sum(await pipe.execute())
     finally:
         await r.aclose()
     return deleted

@@ -1,8 +1,11 @@
 """Fixtures: real Redis, RabbitMQ and MongoDB-compatible server; one namespace per run.
 
 Servers come from IM_REDIS_URL / IM_MONGO_URL / IM_AMQP_URL (defaults: the
-local ones). Each test run gets a fresh namespace (Redis key prefix, Mongo
-database, RabbitMQ name prefix), dropped at the end, so runs never meet.
+local ones); with IM_REDIS_CLUSTER=1 IM_REDIS_URL lists the seeds of a Redis
+Cluster (CI's second pass: scripts/redis_cluster.sh). Tests that start a plain
+Redis of their own say so (``redis_cluster=0``). Each test run gets a fresh
+namespace (Redis key prefix, Mongo database, RabbitMQ name prefix), dropped at
+the end, so runs never meet.
 Clients, node processes, private servers and proxies come from ``testkit``.
 """
 
@@ -14,11 +17,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from pymongo import AsyncMongoClient
 
 from gateway.config import Settings
 from gateway.node import Node
+from store.redis_client import RedisClient, connect_redis
 from testkit.device import Device
 from testkit.http import HttpUser
 from testkit.namespace import drop_namespace, new_namespace
@@ -35,7 +38,7 @@ NodeFactory = Callable[..., Awaitable[Node]]
 
 def base_settings(**overrides: Any) -> Settings:
     env = {k: v for k, v in os.environ.items() if k in
-           ("IM_REDIS_URL", "IM_MONGO_URL", "IM_AMQP_URL")}
+           ("IM_REDIS_URL", "IM_REDIS_CLUSTER", "IM_MONGO_URL", "IM_AMQP_URL")}
     values: dict[str, Any] = {"namespace": RUN_NS, "auth_secret": SECRET, "ws_port": 0,
                               "http_port": 0, "metrics_port": 0, "node_id": -1}
     values.update(overrides)
@@ -62,12 +65,14 @@ async def run_namespace() -> AsyncIterator[str]:
     yield RUN_NS
     s = base_settings()
     await drop_namespace(RUN_NS, redis_url=s.redis_url, mongo_url=s.mongo_url,
-                         amqp_url=s.amqp_url)
+                         amqp_url=s.amqp_url, redis_cluster=bool(s.redis_cluster))
 
 
 @pytest.fixture(scope="session")
-async def redis_client(run_namespace: str) -> AsyncIterator[aioredis.Redis]:
-    r = aioredis.Redis.from_url(base_settings().redis_url)
+async def redis_client(run_namespace: str) -> AsyncIterator[RedisClient]:
+    """The run's Redis (or Redis Cluster) as the nodes reach it."""
+    s = base_settings()
+    r = connect_redis(s.redis_url, 10.0, cluster=bool(s.redis_cluster))
     yield r
     await r.aclose()
 

@@ -1,7 +1,8 @@
 -- counter.lua: one post counter moves (seed 001: counts live in Redis and are
 -- flushed to MongoDB in the background).
 -- KEYS[1] the post's counter hash (r, c, l, and ok once merged with MongoDB)
--- KEYS[2] the set of posts whose counters changed since the last flush
+-- KEYS[2] the set (of its shard: same hash tag) of posts whose counters changed
+--         since the last flush
 -- ARGV[1] field   ARGV[2] delta   ARGV[3] post id
 -- A hash without `ok` holds only the changes since Redis lost it: the reader
 -- merges MongoDB's flushed values into it (counter_merge.lua), so no change

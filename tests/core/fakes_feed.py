@@ -207,10 +207,12 @@ class FakeFeedCache(Faulty):
         self._up("pending")
         (self.in_flight.add if yes else self.in_flight.discard)((author, post))
 
-    async def pending_below(self, before: int | None, limit: int = 1000
-                            ) -> list[tuple[str, int]]:
+    async def pending_below(self, before: int | None, limit: int = 1000,
+                            authors: Iterable[str] | None = None) -> list[tuple[str, int]]:
         self._up("pending_below")
-        below = [(a, p) for a, p in self.in_flight if before is None or p < before]
+        wanted = None if authors is None else set(authors)
+        below = [(a, p) for a, p in self.in_flight
+                 if (before is None or p < before) and (wanted is None or a in wanted)]
         return sorted(below, key=lambda ap: ap[1], reverse=True)[:limit]
 
     async def floor(self, user: str) -> int:

@@ -114,7 +114,7 @@ async def test_trimmed_timelines_page_on_from_the_authors_posts(make_node, http,
     reader, author = uid("r"), uid("a")
     await follow(http, reader, author)
     posted = [await post(http, author, f"p{i}") for i in range(30)]
-    floor_key = Keys(RUN_NS).timeline_floors()
+    floor_key = Keys(RUN_NS).timeline_floors(reader)
     assert await until(lambda: redis_client.hget(floor_key, reader), timeout=15)
     assert await all_pages(http, reader, 5) == posted[::-1]
 

@@ -47,7 +47,8 @@ async def test_mongo_down_gives_unavailable_then_recovers(private, make_node, co
 
 async def test_redis_down_gives_unavailable_then_recovers(private, make_node, connect, http):
     redis = await private("redis")
-    node = await make_node(redis_url=redis.url, dep_timeout_s=1.0)
+    # A plain Redis of its own (also in the Redis Cluster pass).
+    node = await make_node(redis_url=redis.url, redis_cluster=0, dep_timeout_s=1.0)
     a, b = uid("a"), uid("b")
     ca = await connect(node, a)
     first = await ca.request("send", to=b, cmid="before", body=0)

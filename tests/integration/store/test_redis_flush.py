@@ -17,7 +17,9 @@ from tests.integration.router.test_failover import (
 
 async def test_redis_flush_mid_soak(private, make_node):
     private_redis = await private("redis")
-    nodes = [await make_node(redis_url=private_redis.url, **FAST_HEARTBEAT) for _ in range(3)]
+    # A plain Redis of its own (also in the Redis Cluster pass): it is flushed.
+    nodes = [await make_node(redis_url=private_redis.url, redis_cluster=0, **FAST_HEARTBEAT)
+             for _ in range(3)]
     await settle(*nodes)
     users = [uid("f") for _ in range(12)]
     soak = Soak([Endpoint.of(n) for n in nodes], users, SECRET, interval=1 / 8)

@@ -1,0 +1,71 @@
+"""A Redis Cluster master killed: sends answer ``unavailable`` (never
+``internal``, never a false ack), ``/healthz`` says 503, and after the master
+is back everything works. The cluster is private to this module (ports
+7101-7103, scripts/redis_cluster.sh), in both CI passes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.crc import key_slot
+
+from testkit.clusters import LocalRedisCluster
+from testkit.poll import until
+from tests.conftest import uid
+from tests.integration.store.test_dependency_failures import until_acked
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[LocalRedisCluster]:
+    c = LocalRedisCluster(port_base=7100)
+    try:
+        yield await c.start()
+    finally:
+        await c.stop()
+
+
+async def test_a_master_killed_gives_unavailable_then_recovers(cluster, make_node, connect,
+                                                              http):
+    node = await make_node(redis_url=cluster.seeds, redis_cluster=1, dep_timeout_s=1.0)
+    a, b = uid("a"), uid("b")
+    ca, cb = await connect(node, a), await connect(node, b)
+    first = await ca.request("send", to=b, cmid="before", body=0)
+    assert first["op"] == "ack"
+    hb = http(b, node)
+    assert (await hb.get("/healthz")).status_code == 200
+
+    # Kill a master that does not hold b's keys: a master restarted without
+    # replicas or persistence comes back empty (a flush of its slots, whose
+    # effect on unread docs/architecture.md states), and b's unread must stay exact.
+    victim = next(n for n in (1, 2, 3) if not cluster.owns(n, key_slot(f"{{{b}}}".encode())))
+    await cluster.stop_node(victim)
+    # /healthz reads every primary: 503 as soon as one does not answer.
+    assert (await hb.get("/healthz")).status_code == 503
+    alive = next(n for n in (1, 2, 3) if n != victim)
+    # Once the others mark it failed, no key of the cluster is served.
+    assert await until(lambda: cluster.state(alive), timeout=20) and \
+        await until(lambda: _is(cluster.state(alive), "fail"), timeout=20)
+    for i in range(5):
+        r = await ca.request("send", to=b, cmid=f"during{i}", body=i + 1, timeout=15)
+        assert r["op"] == "error" and r["code"] == "unavailable" and "mid" not in r, r
+    assert (await hb.get("/healthz")).status_code == 503
+
+    await cluster.start_node(victim)
+    assert await until(lambda: _status(hb, 200), timeout=30)
+    for i in range(5):
+        again = await until_acked(ca, "send", to=b, cmid=f"during{i}", body=i + 1)
+        assert again["mid"] > first["mid"]
+    page = (await hb.get("/v1/sync", params={"since": 0})).json()
+    assert [m["body"] for m in page["msgs"]] == [0, 1, 2, 3, 4, 5]
+    assert (await hb.get("/v1/conversations")).json()["total_unread"] == 6
+    pushed = [f["body"] for f in cb.drain_pushes() if f.get("op") == "msg"]
+    assert sorted(pushed) == list(range(6))  # each once: no push for a refused send
+
+
+async def _is(state, want: str) -> bool:
+    return (await state) == want
+
+
+async def _status(client, code: int) -> bool:
+    return (await client.get("/healthz")).status_code == code
