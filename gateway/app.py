@@ -114,6 +114,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     replay = Replay(hub, stores.offline, metrics)
     router = Router(name, hub, broker, stores.routes, rooms=room_hub, groups=group_hub,
                     on_control=presence.apply_control, on_resume=replay.resumed)
+    metrics.watch_broker(router.broker_status)
     mids = MidGenerator(number)
     claims = Claims(stores.dedup, observe=metrics.stage_observer("dedup"), **batch)
     chat = ChatService(claims, stores.messages, stores.offline, mids, s, metrics)

@@ -7,6 +7,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from router.amqp_urls import AmqpUrlError, parse_amqp_urls
+from store.redis_urls import cluster_seeds
+
 __all__ = ["PUBLIC_SECRETS", "ConfigError", "Settings"]
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_-]{1,32}")
@@ -113,6 +116,16 @@ class Settings:
             raise ConfigError("IM_NODE_ID must be in 0..255 (or unset to lease one)")
         if self.broker not in ("rabbitmq", "memory"):
             raise ConfigError("IM_BROKER must be rabbitmq or memory")
+        if self.broker == "rabbitmq":
+            try:
+                parse_amqp_urls(self.amqp_url)
+            except AmqpUrlError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.redis_cluster:
+            try:
+                cluster_seeds(self.redis_url)
+            except ValueError as exc:
+                raise ConfigError(f"IM_REDIS_URL: {exc}") from None
         if self.auth_secret and len(self.auth_secret.encode()) < 32:
             raise ConfigError("IM_AUTH_SECRET must be at least 32 bytes (RFC 7518 3.2 for HS256)")
         for name in ("max_body", "max_frame", "offline_max", "batch_max", "pending_max",

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from router import BrokerStatus
 
 __all__ = ["NodeMetrics"]
 
@@ -83,6 +86,10 @@ class NodeMetrics:
             "im_room_bind_ops_last_minute", "Room binds plus unbinds in the last 60 seconds",
             registry=r)
 
+    def watch_broker(self, status: Callable[[], BrokerStatus]) -> None:
+        """Report the broker link, read from ``status`` at each scrape (once per node)."""
+        self.registry.register(_BrokerCollector(status))
+
     def stage_observer(self, stage: str) -> Callable[[int, float, float], None]:
         """A ``Batcher`` observer feeding this stage's histograms."""
         size = self.batch_size.labels(stage)
@@ -98,3 +105,33 @@ class NodeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _BrokerCollector:
+    """The broker link's state, read from the router when scraped."""
+
+    def __init__(self, status: Callable[[], BrokerStatus]) -> None:
+        self.status = status
+
+    def describe(self) -> list[Metric]:  # the names, for the registry's clash check
+        return self._families(BrokerStatus(connected=False, node_index=-1, reconnects=0,
+                                           failovers=0))
+
+    def collect(self) -> list[Metric]:
+        return self._families(self.status())
+
+    @staticmethod
+    def _families(s: BrokerStatus) -> list[Metric]:
+        return [
+            GaugeMetricFamily("im_broker_connected",
+                              "1 while the node is connected to the broker, else 0",
+                              value=int(s.connected)),
+            GaugeMetricFamily("im_broker_node_index",
+                              "Entry of IM_AMQP_URL the node is connected to (0: the first); "
+                              "-1 while disconnected", value=s.node_index),
+            CounterMetricFamily("im_broker_reconnects",
+                                "Broker connections restored after a loss", value=s.reconnects),
+            CounterMetricFamily("im_broker_failovers",
+                                "Broker connections restored on another IM_AMQP_URL entry "
+                                "than the one lost", value=s.failovers),
+        ]

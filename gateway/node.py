@@ -100,6 +100,8 @@ class Node:
                                   draining=lambda: self.draining, healthy=self.healthy)
         try:
             await app.start()
+        except ValueError as exc:  # IM_AMQP_URL itself is malformed (router.amqp_urls)
+            raise StartupError(str(exc)) from None
         except Exception:
             raise StartupError(f"cannot reach RabbitMQ at {_safe_url(s.amqp_url)}") from None
         self._keeper = self.stores.keeper(self.name, number, s.heartbeat_s)
@@ -230,7 +232,9 @@ class Node:
         app.live.rewrite_counts()
 
     async def healthy(self) -> bool:
-        if self.draining:
+        """Serving: not draining, the broker link up (its state, no I/O), Redis
+        and MongoDB answering."""
+        if self.draining or (self._app is not None and not self._app.router.broker_connected()):
             return False
         try:
             await self.stores.check_redis()
@@ -318,9 +322,14 @@ class Node:
 
 
 def _safe_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    head, sep, tail = url.rpartition("@")
-    if not sep or ":" not in head.split("//", 1)[-1]:
-        return url
-    scheme, _, creds = head.partition("//")
-    return f"{scheme}//{creds.split(':', 1)[0]}:***@{tail}"
+    """The URL without its password, for messages; a comma-separated list of
+    URLs (IM_AMQP_URL, IM_REDIS_URL seeds) with every one's password masked."""
+    masked = []
+    for one in url.split(","):
+        head, sep, tail = one.rpartition("@")
+        if not sep or ":" not in head.split("//", 1)[-1]:
+            masked.append(one)
+            continue
+        scheme, _, creds = head.partition("//")
+        masked.append(f"{scheme}//{creds.split(':', 1)[0]}:***@{tail}")
+    return ",".join(masked)

@@ -6,16 +6,17 @@ imports aio-pika.
 
 from __future__ import annotations
 
-from router.base import Broker
+from router.base import Broker, BrokerStatus
 from router.broker_memory import MemoryBroker
 from router.errors import BrokerUnavailable
 from router.router import Router
 
-__all__ = ["Broker", "BrokerUnavailable", "MemoryBroker", "Router", "make_broker"]
+__all__ = ["Broker", "BrokerStatus", "BrokerUnavailable", "MemoryBroker", "Router", "make_broker"]
 
 
 def make_broker(kind: str, url: str, namespace: str) -> Broker:
-    """``rabbitmq`` (between nodes) or ``memory`` (a single node)."""
+    """``rabbitmq`` (between nodes; ``url`` is IM_AMQP_URL, one AMQP URL or a
+    comma-separated list of a cluster's nodes) or ``memory`` (a single node)."""
     if kind == "rabbitmq":
         from router.broker_rabbitmq import RabbitMQBroker
 

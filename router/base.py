@@ -4,9 +4,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Binder", "Broker", "GroupDelivery", "LocalDelivery", "RoomDelivery"]
+__all__ = ["Binder", "Broker", "BrokerStatus", "GroupDelivery", "LocalDelivery",
+           "RoomDelivery"]
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """The broker link, as ``/healthz`` and the metrics report it (no I/O)."""
+
+    connected: bool
+    node_index: int  # the IM_AMQP_URL entry in use (0: a broker of one); -1: none
+    reconnects: int  # links restored after a loss
+    failovers: int  # of which to another URL of IM_AMQP_URL
 
 
 class LocalDelivery(Protocol):
@@ -61,6 +73,10 @@ class Broker(Binder, Protocol):
 
     async def publish_room(self, room: str, envelope: bytes) -> None:
         """To every other node bound to ``room`` (never back to this one)."""
+        ...
+
+    def status(self) -> BrokerStatus:
+        """The link's state now, from what the broker watches (no I/O)."""
         ...
 
     async def close(self) -> None: ...

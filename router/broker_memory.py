@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from router.base import BrokerStatus
+
 __all__ = ["MemoryBroker"]
 
 
@@ -17,6 +19,14 @@ class MemoryBroker:
         self.node = ""
         self.binds = 0
         self.unbinds = 0
+
+    @property
+    def is_connected(self) -> bool:
+        """Always: there is no link to lose."""
+        return True
+
+    def status(self) -> BrokerStatus:
+        return BrokerStatus(connected=True, node_index=0, reconnects=0, failovers=0)
 
     async def start(self, node: str, on_envelope: Callable[[bytes], None],
                     on_resume: Callable[[float], None] | None = None) -> None:

@@ -1,10 +1,22 @@
 """RabbitMQ broker (aio-pika): one queue per node, direct exchange keyed by node.
 
+``IM_AMQP_URL`` may list several nodes of one RabbitMQ cluster (comma-
+separated, ``router.amqp_urls``). Start-up connects to the first that
+answers, trying each in order (each attempt bounded).
+
 Reconnect by replaying setup, not by trusting ``connect_robust``: a plain
-connection is watched; when it closes, a supervisor reconnects with backoff
-and re-declares the exchange, the node's queue, every binding it recorded
-and the consumer, then tells the router (``on_resume``) so it can replay
-what may have been lost meanwhile.
+connection is watched; when it closes, a supervisor moves to the next URL of
+the list (round robin, starting after the one that failed; the failed one is
+tried last), re-declares the exchanges, the node's queue, every binding it
+recorded and the consumer there, then tells the router (``on_resume``) so it
+can replay what may have been lost meanwhile. The first round is tried at
+once; only after a whole round failed does it back off (0.2 s doubling to
+2 s). The node's queue is exclusive (a classic queue on the RabbitMQ node the
+gateway is connected to, under a fresh name at each setup): it dies with
+that node and is declared afresh on the next one; what it held is recovered
+by the replay and by sync. A link is lost when its socket closes, or after
+``(heartbeat + 1) * 3`` seconds of silence (aiormq; ``?heartbeat=`` of the
+URL, 60 s by default): a node that hangs, rather than dies, is left that late.
 
 Publishes use publisher confirms, but no caller waits on one message's
 confirm: the router hands over whole batches and gathers their confirms.
@@ -29,23 +41,36 @@ from aio_pika.abc import (
 )
 from aiormq.exceptions import AMQPError
 
+from router.amqp_urls import mask_password, parse_amqp_urls
+from router.base import BrokerStatus
 from router.errors import BrokerUnavailable
 
 __all__ = ["RabbitMQBroker"]
 
 log = logging.getLogger("router.rabbitmq")
 
+# What a failed connect or setup on one node is expected to raise (anything
+# else is logged with its traceback; the next node is tried either way).
+_SETUP_ERRORS = (TimeoutError, AMQPError, OSError, ConnectionError, RuntimeError)
+
 
 class RabbitMQBroker:
-    """Carries envelopes between nodes over RabbitMQ."""
+    """Carries envelopes between nodes over RabbitMQ (one node of a cluster at a time)."""
 
-    def __init__(self, url: str, namespace: str, *, queue_max: int = 100_000) -> None:
-        self.url = url
+    def __init__(self, url: str, namespace: str, *, queue_max: int = 100_000,
+                 connect_timeout_s: float = 5.0, setup_timeout_s: float = 10.0) -> None:
+        self.url = url  # IM_AMQP_URL as given: parsed by ``start``
+        self.urls: list[str] = []
+        self.index = -1  # the URL of ``urls`` connected to now; -1: none
+        self._lost_index = -1  # the one the last lost link was to
         self.namespace = namespace
         self.queue_max = queue_max
+        self.connect_timeout_s = connect_timeout_s
+        self.setup_timeout_s = setup_timeout_s
         self.node = ""
         self.connected = asyncio.Event()
-        self.reconnects = 0
+        self.reconnects = 0  # connections restored after a loss
+        self.failovers = 0  # of which on another URL than the one lost
         self.binds = 0
         self.unbinds = 0
         self.echoes = 0  # own room envelopes handed back by the exchange, dropped
@@ -60,41 +85,102 @@ class RabbitMQBroker:
         self._lost = asyncio.Event()
         self._closing = False
         self._supervisor: asyncio.Task[None] | None = None
+        self._setups = 0  # queues declared: the node's queue is ``ns.q.<node>.<setups>``
+
+    @property
+    def is_connected(self) -> bool:
+        """Connected to a RabbitMQ node, setup done (no I/O: the watched state)."""
+        return self.connected.is_set()
+
+    def status(self) -> BrokerStatus:
+        return BrokerStatus(connected=self.is_connected, node_index=self.index,
+                            reconnects=self.reconnects, failovers=self.failovers)
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self, node: str, on_envelope: Callable[[bytes], None],
                     on_resume: Callable[[float], None] | None = None) -> None:
+        """Connect to the first URL that answers; ``AmqpUrlError`` (a
+        ``ValueError``) if ``IM_AMQP_URL`` is malformed, ``BrokerUnavailable``
+        if no node answered."""
+        self.urls = parse_amqp_urls(self.url)
         self.node = node
         self._on_envelope = on_envelope
         if on_resume is not None:
             self._on_resume = on_resume
-        await self._setup()
+        await self._connect_any(0)
         self._supervisor = asyncio.create_task(self._supervise())
 
-    async def _setup(self) -> None:
-        conn = await aio_pika.connect(self.url, timeout=5)
+    async def _connect_any(self, first: int) -> None:
+        """One round: set up on ``urls[first]``, else the next, ... (each bounded)."""
+        failures: list[str] = []
+        for step in range(len(self.urls)):
+            i = (first + step) % len(self.urls)
+            if self._closing:
+                break
+            try:
+                await self._setup(i)
+                return
+            except Exception as exc:  # noqa: BLE001 - any failure: try the next node
+                failures.append(f"{mask_password(self.urls[i])}: {type(exc).__name__}")
+                log.info("RabbitMQ at %s: setup failed (%s: %s)",
+                         mask_password(self.urls[i]), type(exc).__name__, exc,
+                         exc_info=not isinstance(exc, _SETUP_ERRORS))
+        raise BrokerUnavailable("no RabbitMQ node answered (" + "; ".join(failures) + ")")
+
+    async def _setup(self, index: int) -> None:
+        conn = await aio_pika.connect(self.urls[index], timeout=self.connect_timeout_s)
+        try:
+            async with asyncio.timeout(self.setup_timeout_s):
+                channel, queue = await self._declare(conn)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 2)
+            raise
+        self._conn, self._channel, self._queue = conn, channel, queue
+        self.index = index
         conn.close_callbacks.add(self._connection_closed)
+        if conn.is_closed:  # it closed before the callback was there
+            raise ConnectionError("the connection closed during setup")
+        self._lost.clear()
+        self.connected.set()
+
+    async def _declare(self, conn: AbstractConnection) -> tuple[AbstractChannel, AbstractQueue]:
+        """Exchanges, the node's queue, its bindings (recorded ones too), the consumer."""
         channel = await conn.channel(publisher_confirms=True)
         ns = self.namespace
         self._exchanges = {
             "node": await channel.declare_exchange(f"{ns}.node", aio_pika.ExchangeType.DIRECT),
             "room": await channel.declare_exchange(f"{ns}.room", aio_pika.ExchangeType.DIRECT),
         }
+        # A fresh name for each setup: the queue of the lost link may still be on
+        # record (on a node that hangs, until the cluster declares it down), and
+        # redeclaring that name would be refused (RESOURCE_LOCKED) until then.
+        self._setups += 1
         queue = await channel.declare_queue(
-            f"{ns}.q.{self.node}", exclusive=True, auto_delete=True,
+            f"{ns}.q.{self.node}.{self._setups}", exclusive=True, auto_delete=True,
             arguments={"x-max-length": self.queue_max, "x-overflow": "drop-head"},
         )
-        await queue.bind(self._exchanges["node"], routing_key=self.node)
-        for kind, key in sorted(self._bindings):
-            await queue.bind(self._exchanges[kind], routing_key=key)
         await queue.consume(self._deliver, no_ack=True)
-        self._conn, self._channel, self._queue = conn, channel, queue
-        self._lost.clear()
-        self.connected.set()
+        await queue.bind(self._exchanges["node"], routing_key=self.node)
+        # Until nothing changed meanwhile: ``bind_room`` and ``unbind_room`` only
+        # record while disconnected, and may run while this awaits.
+        bound: set[tuple[str, str]] = set()
+        while todo := (self._bindings - bound) | (bound - self._bindings):
+            for kind, key in sorted(todo):
+                if (kind, key) in self._bindings:
+                    await queue.bind(self._exchanges[kind], routing_key=key)
+                    bound.add((kind, key))
+                else:
+                    await queue.unbind(self._exchanges[kind], routing_key=key)
+                    bound.discard((kind, key))
+        return channel, queue
 
-    def _connection_closed(self, *_: Any) -> None:
+    def _connection_closed(self, sender: Any, *_: Any) -> None:
+        if sender is not self._conn:  # one given up on (a failed setup, a dropped link)
+            return
         if not self._closing and not self._lost_at:
             self._lost_at = time.time()
+        self._lost_index, self.index = self.index, -1
         self.connected.clear()
         self._lost.set()
 
@@ -103,21 +189,25 @@ class RabbitMQBroker:
             await self._lost.wait()
             if self._closing:
                 return
-            log.warning("RabbitMQ connection lost; reconnecting")
+            lost = max(self._lost_index, 0)
+            log.warning("RabbitMQ connection to %s lost; reconnecting (%d URL(s), the "
+                        "next one first)", mask_password(self.urls[lost]), len(self.urls))
             delay = 0.2
             while not self._closing:
                 with contextlib.suppress(Exception):
                     await self._drop_connection()
                 try:
-                    await self._setup()
-                except (TimeoutError, AMQPError, OSError, ConnectionError) as exc:
-                    log.info("RabbitMQ not back yet (%s); retry in %.1fs",
-                             type(exc).__name__, delay)
+                    await self._connect_any((lost + 1) % len(self.urls))
+                except BrokerUnavailable as exc:
+                    log.info("%s; next round in %.1fs", exc, delay)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
                     continue
                 self.reconnects += 1
-                log.warning("RabbitMQ connection restored; setup replayed")
+                if self.index != lost:
+                    self.failovers += 1
+                log.warning("RabbitMQ connection restored on %s; setup replayed",
+                            mask_password(self.urls[self.index]))
                 lost_at, self._lost_at = self._lost_at, 0.0
                 self._on_resume(lost_at or time.time())
                 break

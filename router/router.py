@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from router import envelope
-from router.base import Broker, GroupDelivery, LocalDelivery, RoomDelivery
+from router.base import Broker, BrokerStatus, GroupDelivery, LocalDelivery, RoomDelivery
 from router.errors import BrokerUnavailable
 from router.routing import group_key, parse_key, room_key
 from store.ports import RouteStore
@@ -88,6 +88,13 @@ class Router:
         await self.broker.close()
 
     # -- liveness ------------------------------------------------------------
+    def broker_connected(self) -> bool:
+        """Whether the broker link is up now: the broker's watched state, no I/O."""
+        return self.broker.status().connected
+
+    def broker_status(self) -> BrokerStatus:
+        return self.broker.status()
+
     def set_live(self, live: Mapping[str, float]) -> None:
         self.live = dict(live)
 

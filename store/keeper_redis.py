@@ -28,7 +28,8 @@ from redis.retry import Retry
 from core.errors import Unavailable
 from store.keys import Keys
 from store.records import Beat
-from store.redis_client import Lua, cluster_seeds
+from store.redis_client import Lua
+from store.redis_urls import cluster_seeds
 
 __all__ = ["LeaseKeeperRedis"]
 

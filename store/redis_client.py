@@ -40,8 +40,9 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from store.errors import Unavailable
+from store.redis_urls import cluster_seeds
 
-__all__ = ["Batch", "Lua", "RedisClient", "cluster_seeds", "cluster_state", "connect_redis",
+__all__ = ["Batch", "Lua", "RedisClient", "cluster_state", "connect_redis",
            "load_lua", "redis_guard"]
 
 RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
@@ -67,19 +68,6 @@ def connect_redis(url: str, timeout_s: float, *, cluster: bool = False,
         health_check_interval=15,
     )
     return aioredis.Redis(connection_pool=pool)
-
-
-def cluster_seeds(url: str) -> list[tuple[str, int]]:
-    """(host, port) of each comma-separated ``redis://`` seed; ValueError names a bad one."""
-    seeds = []
-    for item in url.split(","):
-        part = urlsplit(item.strip())
-        if part.scheme not in ("redis", "rediss") or not part.hostname:
-            raise ValueError(f"not a redis://host:port seed: {item.strip()!r}")
-        if part.path not in ("", "/", "/0"):
-            raise ValueError(f"a Redis Cluster has only database 0: {item.strip()!r}")
-        seeds.append((part.hostname, part.port or 6379))
-    return seeds
 
 
 # -- the cluster client, gated -------------------------------------------------

@@ -62,7 +62,7 @@ async def _delete_keys(redis_url: str, ns: str) -> int:
 async def _delete_cluster_keys(redis_url: str, ns: str) -> int:
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    from store.redis_client import cluster_seeds
+    from store.redis_urls import cluster_seeds
 
     r = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster_seeds(redis_url)],
                      socket_timeout=10)

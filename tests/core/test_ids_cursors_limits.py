@@ -98,3 +98,21 @@ def test_settings_from_env():
                 {"IM_AUTH_SECRET": "short"}):
         with pytest.raises(ConfigError):
             Settings.from_env(bad)
+
+
+def test_cluster_urls_are_checked_at_start_up():
+    s = Settings.from_env({"IM_REDIS_CLUSTER": "1",
+                           "IM_REDIS_URL": "redis://127.0.0.1:7001, redis://127.0.0.1:7002",
+                           "IM_AMQP_URL": "amqp://g:p@127.0.0.1:5681/,amqp://g:p@127.0.0.1:5682/"})
+    assert s.redis_cluster == 1
+    for bad, named in (({"IM_REDIS_CLUSTER": "1", "IM_REDIS_URL": "redis://a:1,http://b"},
+                        "IM_REDIS_URL"),
+                       ({"IM_REDIS_CLUSTER": "1", "IM_REDIS_URL": "redis://a:1/3"},
+                        "IM_REDIS_URL"),
+                       ({"IM_REDIS_CLUSTER": "2"}, "IM_REDIS_CLUSTER"),
+                       ({"IM_AMQP_URL": "amqp://a/,,amqp://b/"}, "IM_AMQP_URL item 2 of 3"),
+                       ({"IM_AMQP_URL": "redis://a/"}, "IM_AMQP_URL item 1 of 1")):
+        with pytest.raises(ConfigError, match=named):
+            Settings.from_env(bad)
+    # One plain Redis URL with a database is fine without cluster mode.
+    assert Settings.from_env({"IM_REDIS_URL": "redis://127.0.0.1:6379/3"}).redis_cluster == 0

@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from router import envelope
+from router.base import BrokerStatus
 from router.broker_memory import MemoryBroker
 from router.router import Router
 from router.routing import group_key
@@ -74,6 +75,9 @@ class RecordingBroker:
 
     async def unbind_room(self, room: str) -> None:
         await self.inner.unbind_room(room)
+
+    def status(self) -> BrokerStatus:
+        return self.inner.status()
 
     async def close(self) -> None:
         await self.inner.close()
