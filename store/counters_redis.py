@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from store.keys import COUNTER_SHARDS, Keys
-from store.redis_client import Batch, Lua, RedisClient, redis_guard
+from store.redis_client import Batch, Lua, RedisClient, redis_guard, spop_spread
 
 __all__ = ["COUNT_FIELDS", "CountersRedis"]
 
@@ -48,12 +48,9 @@ class CountersRedis:
     async def dirty(self, n: int) -> tuple[dict[int, dict[str, int]], list[int]]:
         """Take up to about ``n`` changed counters to flush, from every shard:
         (merged counts, ids whose hash still needs MongoDB's values merged in first)."""
-        each = -(-n // COUNTER_SHARDS)
+        shards = [self.keys.dirty_counts(sh) for sh in range(COUNTER_SHARDS)]
         async with redis_guard():
-            pipe = self.redis.pipeline(transaction=False)
-            for sh in range(COUNTER_SHARDS):
-                pipe.spop(self.keys.dirty_counts(sh), each)
-            ids = [int(x) for popped in await pipe.execute() for x in popped or ()]
+            ids = [int(x) for x in await spop_spread(self.redis, shards, n)]
             if not ids:
                 return {}, []
             pipe = self.redis.pipeline(transaction=False)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 
 from store.keys import PULL_SHARDS, TIMELINE_SHARDS, Keys
 from store.ports import FollowStore, PostStore
-from store.redis_client import Batch, Lua, RedisClient, redis_guard
+from store.redis_client import Batch, Lua, RedisClient, redis_guard, spop_spread
 
 __all__ = ["FeedCacheRedis"]
 
@@ -115,11 +115,11 @@ class FeedCacheRedis:
                 pipe.zrevrangebyscore(self.keys.fanouts_pending_shard(sh), high, "-inf",
                                       start=0, num=limit, withscores=True)
             raw: list[list[tuple[bytes, float]]] = await pipe.execute()
-        found = sorted(((int(score), m) for rows in raw for m, score in rows), reverse=True)
         out = []
-        for post, m in found[:limit]:
-            author, _, _ = m.decode().rpartition("|")
-            out.append((author, post))
+        for m, _ in sorted((row for rows in raw for row in rows), key=lambda r: r[1],
+                           reverse=True)[:limit]:
+            author, _, post = m.decode().rpartition("|")  # the id exact, not the score
+            out.append((author, int(post)))
         return out
 
     # -- timeline floors and trimming ----------------------------------------------
@@ -152,13 +152,9 @@ class FeedCacheRedis:
 
     async def due_trims(self, n: int) -> list[str]:
         """Up to about ``n`` users due a trim, taken from every shard."""
-        each = -(-n // TIMELINE_SHARDS)
+        shards = [self.keys.timeline_trims(sh) for sh in range(TIMELINE_SHARDS)]
         async with redis_guard():
-            pipe = self.redis.pipeline(transaction=False)
-            for sh in range(TIMELINE_SHARDS):
-                pipe.spop(self.keys.timeline_trims(sh), each)
-            raw: list[list[bytes] | None] = await pipe.execute()
-        return [u.decode() for users in raw for u in users or ()]
+            return [u.decode() for u in await spop_spread(self.redis, shards, n)]
 
     async def trimmed(self, user: str, keep: int) -> None:
         async with redis_guard():

@@ -43,7 +43,7 @@ from store.errors import Unavailable
 from store.redis_urls import cluster_seeds
 
 __all__ = ["Batch", "Lua", "RedisClient", "cluster_state", "connect_redis",
-           "load_lua", "redis_guard"]
+           "load_lua", "redis_guard", "spop_spread"]
 
 RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
 MAX_CONNECTIONS = 64
@@ -233,6 +233,33 @@ class Batch:
             if isinstance(reply, Exception):
                 raise reply
         return replies
+
+
+# -- sharded sets ----------------------------------------------------------------
+async def spop_spread(client: RedisClient, keys: Sequence[str], n: int) -> list[bytes]:
+    """About ``n`` (at most ``n`` + len(keys)) members popped from the sets ``keys``
+    (the shards of one set):
+    an equal share from each, then what is left of ``n`` from the shards that
+    gave their whole share (a busy shard is not held to 1/len(keys) of ``n``).
+    One round trip, two when some shard is busy."""
+    share = -(-n // len(keys))
+    out: list[bytes] = []
+    busy: list[str] = []
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.spop(k, share)
+    for k, got in zip(keys, await pipe.execute(), strict=True):
+        out.extend(got or ())
+        if got and len(got) == share:
+            busy.append(k)
+    left = n - len(out)
+    if busy and left > 0:
+        pipe = client.pipeline(transaction=False)
+        for k in busy:
+            pipe.spop(k, -(-left // len(busy)))
+        for got in await pipe.execute():
+            out.extend(got or ())
+    return out
 
 
 # -- errors ----------------------------------------------------------------------
