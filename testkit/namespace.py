@@ -94,10 +94,18 @@ async def _drop_database(mongo_url: str, ns: str) -> bool:
 
 
 async def _delete_exchanges(amqp_url: str, ns: str) -> int:
-    """The nodes' queues are exclusive and went with them; their exchanges stay."""
+    """The nodes' queues are exclusive and went with them; their exchanges stay
+    (cluster-wide: one node of an IM_AMQP_URL list is enough, the first that answers)."""
     import aio_pika
 
-    conn = await aio_pika.connect(amqp_url, timeout=10)
+    urls = [u.strip() for u in amqp_url.split(",") if u.strip()]
+    for i, url in enumerate(urls):
+        try:
+            conn = await aio_pika.connect(url, timeout=10)
+            break
+        except Exception:
+            if i == len(urls) - 1:
+                raise
     try:
         channel = await conn.channel()
         for kind in ("node", "room"):

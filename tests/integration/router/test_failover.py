@@ -26,7 +26,8 @@ def assert_nothing_acked_was_lost(result):
 
 
 def amqp_port() -> int:
-    return urlsplit(base_settings().amqp_url).port or 5672
+    """The port of the broker the tests use (the first of an IM_AMQP_URL list)."""
+    return urlsplit(base_settings().amqp_url.split(",")[0].strip()).port or 5672
 
 
 def amqp_through(proxy: TcpProxy) -> str:
