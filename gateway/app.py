@@ -129,11 +129,13 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     feed = FeedService(stores.follows, stores.posts, stores.timelines, stores.feed_cache,
                        stores.counters, fanout, mids, s)
     registry = Registry(name, hub, stores.routes, presence, live, **batch)
+    verifier = TokenVerifier.from_settings(s)
     sessions = Sessions(s, registry, chat, groups, conversations, live, router, metrics,
-                        draining)
-    http = build_http(HttpDeps(name, TokenVerifier.from_settings(s), chat, conversations,
+                        draining, verifier)
+    http = build_http(HttpDeps(name, verifier, chat, conversations,
                                groups, feed, live, metrics, healthy,
                                limits=HttpLimits.from_settings(s),
-                               metrics_public=bool(s.metrics_public)))
+                               metrics_public=bool(s.metrics_public),
+                               cors_origins=s.cors_origin_list))
     return App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
                conversations, live, feed, registry, replay, sessions, http)

@@ -1,4 +1,5 @@
-"""Tokens: JWT signed HS256; ``sub`` is the user id (docs/protocol.md, Tokens).
+"""Tokens: JWT signed HS256 with the secret, or RS256 / ES256 with a public key
+(``IM_AUTH_PUBLIC_KEY_FILE``); ``sub`` is the user id (docs/protocol.md, Tokens).
 
 A token is refused unless its signature holds, ``sub`` is a user id (the id
 charset, not starting with ``g:``: those name groups), ``exp`` is a number
@@ -6,7 +7,10 @@ in the future and ``exp`` lies at most ``IM_AUTH_MAX_TTL_S`` ahead of both
 now and ``iat``; ``iat`` and ``nbf``, when present, must be numbers and not
 in the future. ``IM_AUTH_LEEWAY_S`` of clock skew is allowed on ``iat``,
 ``nbf`` and the lifetime bound, never past ``exp``.
-The time checks are ``check_times`` (pure, the clock passed in).
+The time checks are ``check_times`` (pure, the clock passed in). With
+``IM_AUTH_ISSUER`` / ``IM_AUTH_AUDIENCE`` the token must name that ``iss`` /
+carry that ``aud``. The algorithm a token names picks the key: HS256 the
+secret, RS256 / ES256 the public key (never the other way round).
 
 The secret: ``IM_AUTH_SECRET``, or else a random one kept in a file only
 its user can read (``load_secret``), so a node is never on a public default.
@@ -35,11 +39,13 @@ __all__ = [
     "DEFAULT_LEEWAY_S",
     "DEFAULT_MAX_TTL_S",
     "SecretError",
+    "Token",
     "TokenVerifier",
     "bearer_token",
     "check_times",
     "check_user_id",
     "issue_token",
+    "load_public_key",
     "load_secret",
     "secret_path",
     "verify_token",
@@ -47,6 +53,7 @@ __all__ = [
 ]
 
 ALGORITHM = "HS256"
+PUBLIC_ALGORITHMS = ("RS256", "ES256")
 DEFAULT_MAX_TTL_S = 30 * 86_400
 DEFAULT_LEEWAY_S = 30
 GROUP_PREFIX = "g:"
@@ -123,36 +130,103 @@ def issue_token(secret: str, user: str, ttl_s: int = 86_400, *,
     return jwt.encode({"sub": user, "iat": issued, "exp": issued + ttl_s}, secret, ALGORITHM)
 
 
+@dataclass(frozen=True, slots=True)
+class Token:
+    """What a verified token says: the user, and until when it holds."""
+
+    user: str
+    exp: float
+    iat: float | None
+
+
 @dataclass(frozen=True)
 class TokenVerifier:
-    """Checks tokens against one secret and the lifetime rules."""
+    """Checks tokens against the secret (HS256) and, given one, a public key
+    (RS256 / ES256), then the lifetime rules and ``iss`` / ``aud``."""
 
     secret: str
     max_ttl_s: float = DEFAULT_MAX_TTL_S
     leeway_s: float = DEFAULT_LEEWAY_S
+    public_key: str = ""  # PEM
+    issuer: str = ""
+    audience: str = ""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TokenVerifier:
-        return cls(settings.auth_secret, settings.auth_max_ttl_s, settings.auth_leeway_s)
+        return cls(settings.auth_secret, settings.auth_max_ttl_s, settings.auth_leeway_s,
+                   load_public_key(settings.auth_public_key_file), settings.auth_issuer,
+                   settings.auth_audience)
 
     def verify(self, token: str | None, now: float | None = None) -> str:
         """Return the user id in a valid token; raise ``unauthorized`` otherwise."""
+        return self.check(token, now).user
+
+    def check(self, token: str | None, now: float | None = None) -> Token:
+        """The verified token; raise ``unauthorized`` otherwise."""
         if not token:
             raise _refuse("a token is required")
-        if len(self.secret.encode()) < _MIN_SECRET or self.secret in PUBLIC_SECRETS:
-            raise _refuse("token is invalid")  # no usable secret: nothing verifies
-        try:
-            claims = jwt.decode(token, self.secret, algorithms=[ALGORITHM],
-                                options=_DECODE_OPTIONS)
-        except jwt.PyJWTError:
-            raise _refuse("token is invalid") from None
+        claims = self._decode(token)
         check_times(claims, time.time() if now is None else now, self.max_ttl_s,
                     self.leeway_s)
         sub = claims.get("sub")
         if check_user_id(sub) is not None:
             raise _refuse("token subject is not a valid user id")
         assert isinstance(sub, str)
-        return sub
+        iat = _number(claims, "iat")
+        return Token(sub, float(claims["exp"]), iat)
+
+    def _decode(self, token: str) -> dict[str, Any]:
+        try:
+            alg = jwt.get_unverified_header(token).get("alg")
+        except jwt.PyJWTError:
+            raise _refuse("token is invalid") from None
+        if alg == ALGORITHM:
+            if len(self.secret.encode()) < _MIN_SECRET or self.secret in PUBLIC_SECRETS:
+                raise _refuse("token is invalid")  # no usable secret: nothing verifies
+            key, algorithms = self.secret, [ALGORITHM]
+        elif alg in PUBLIC_ALGORITHMS and self.public_key:
+            key, algorithms = self.public_key, list(PUBLIC_ALGORITHMS)
+        else:
+            raise _refuse("token is invalid")
+        options: Any = {**_DECODE_OPTIONS, "verify_aud": bool(self.audience)}
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token, key, algorithms=algorithms, options=options,
+                issuer=self.issuer or None, audience=self.audience or None)
+        except jwt.InvalidIssuerError:
+            raise _refuse("token issuer is not accepted") from None
+        except jwt.InvalidAudienceError:
+            raise _refuse("token audience is not accepted") from None
+        except jwt.MissingRequiredClaimError as exc:
+            what = {"iss": "issuer", "aud": "audience"}.get(exc.claim)
+            raise _refuse(f"token {what} is not accepted" if what else
+                          f"token claim {exc.claim} is required") from None
+        except jwt.PyJWTError:
+            raise _refuse("token is invalid") from None
+        return claims
+
+
+def load_public_key(path: str) -> str:
+    """The PEM in ``path`` ("" when no path is set); ``SecretError`` names a file
+    that cannot be read or holds no RSA / EC public key."""
+    if not path:
+        return ""
+    try:
+        pem = Path(path).expanduser().read_text()
+    except OSError as exc:
+        raise SecretError(f"cannot read IM_AUTH_PUBLIC_KEY_FILE {path}: {exc.strerror}") \
+            from None
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    try:
+        key = load_pem_public_key(pem.encode())
+    except ValueError:
+        raise SecretError(f"IM_AUTH_PUBLIC_KEY_FILE {path} holds no PEM public key") \
+            from None
+    if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
+        raise SecretError(f"IM_AUTH_PUBLIC_KEY_FILE {path}: an RSA or EC key is needed")
+    return pem
 
 
 def verify_token(secret: str, token: str | None, *, max_ttl_s: float = DEFAULT_MAX_TTL_S,

@@ -85,6 +85,9 @@ class Settings:
     auth_secret_file: str = ""  # "": $XDG_STATE_HOME (~/.local/state)/imgate/auth_secret
     auth_max_ttl_s: int = 30 * 86_400  # longest token lifetime: exp - iat, exp - now
     auth_leeway_s: int = 30  # clock skew allowed on exp, iat, nbf
+    auth_public_key_file: str = ""  # PEM: also verify RS256 / ES256 tokens with it
+    auth_issuer: str = ""  # required iss claim ("": not checked)
+    auth_audience: str = ""  # required aud claim ("": not checked)
     http_header_timeout_s: float = 10.0  # request line + headers must arrive within this
     http_body_timeout_s: float = 30.0  # the body must arrive within this after the headers
     http_body_max: int = 65_536  # bytes of a request body (over: 413, unread)
@@ -94,6 +97,11 @@ class Settings:
     metrics_host: str = "127.0.0.1"  # /metrics listener, apart from the API
     metrics_port: int = 9464  # 0: any free port; -1: no separate listener
     metrics_public: int = 0  # 1: also serve /metrics on the API port
+    cors_origins: str = ""  # comma-separated origins whose browsers may call the HTTP API
+
+    @property
+    def cors_origin_list(self) -> tuple[str, ...]:
+        return tuple(o.strip() for o in self.cors_origins.split(",") if o.strip())
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -165,6 +173,10 @@ class Settings:
             raise ConfigError("IM_REDIS_CLUSTER must be 0 or 1")
         if self.metrics_public not in (0, 1):
             raise ConfigError("IM_METRICS_PUBLIC must be 0 or 1")
+        for origin in self.cors_origin_list:
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s,]+", origin):
+                raise ConfigError(f"IM_CORS_ORIGINS: {origin!r} is not an origin "
+                                  "(scheme://host[:port], or *)")
 
 
 def _convert(name: str, raw: str, kind: type) -> object:

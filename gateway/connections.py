@@ -18,6 +18,7 @@ and groups share, and the one writer every frame to a socket goes through.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import itertools
 import logging
@@ -53,6 +54,7 @@ class Client:
     rooms: set[str] | None = None  # joined rooms; None while in none (memory)
     groups: set[str] | None = None  # groups this device gets pushes of; None while none
     stuck_since: float = 0.0  # monotonic time of the first skipped write; 0: not stuck
+    expiry: asyncio.TimerHandle | None = None  # closes it with 4001 when its token expires
 
     def write(self, frame: bytes, limit: int) -> bool:
         """One encoded JSON ``frame`` (a reply) to this socket alone, under the same

@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -123,6 +124,7 @@ class HttpDeps:
     healthy: Callable[[], Awaitable[bool]]
     limits: HttpLimits = HttpLimits()
     metrics_public: bool = False  # also serve /metrics here (IM_METRICS_PUBLIC)
+    cors_origins: tuple[str, ...] = ()  # IM_CORS_ORIGINS: browsers of these may call
 
 
 def build_http(deps: HttpDeps) -> FastAPI:
@@ -135,6 +137,11 @@ def build_http(deps: HttpDeps) -> FastAPI:
                        routes=app.router.routes,
                        count=lambda route, status: deps.metrics.http_requests.labels(
                            route, str(status)).inc())
+    if deps.cors_origins:  # outermost: a preflight is answered before the guard's token check
+        app.add_middleware(CORSMiddleware, allow_origins=list(deps.cors_origins),
+                           allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type", "X-API-Key"],
+                           max_age=600)
 
     @app.get("/healthz", response_model=Health, responses=errors(500, 503))
     async def healthz() -> Response:

@@ -24,6 +24,7 @@ __all__ = [
     "Join",
     "Leave",
     "Ping",
+    "Refresh",
     "Read",
     "RecvAck",
     "RoomSend",
@@ -93,7 +94,14 @@ class Ping:
     id: object
 
 
-Frame = Send | GroupSend | Join | Leave | RoomSend | RecvAck | Read | Ping
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    id: object
+    token: str
+
+
+MAX_TOKEN = 8192  # characters of a token in a refresh frame
+Frame = Send | GroupSend | Join | Leave | RoomSend | RecvAck | Read | Ping | Refresh
 
 
 def check_id(value: object, field: str, re_: object = None) -> str:
@@ -259,6 +267,12 @@ def parse_frame(data: str | bytes, max_body: int) -> Frame:
         return Join(rid, room) if op == "join" else Leave(rid, room)
     if op == "room_send":
         return _parse_room_send(obj, rid, max_body)
+    if op == "refresh":
+        token = obj.get("token")
+        if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN:
+            raise ProtocolError("bad_request", f"token must be a string of 1-{MAX_TOKEN} "
+                                "characters", rid)
+        return Refresh(rid, token)
     if not isinstance(op, str):
         raise ProtocolError("bad_request", "op is required and must be a string", rid)
     raise ProtocolError("bad_request", f"unknown op {op[:32]!r}", rid)

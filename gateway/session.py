@@ -26,7 +26,7 @@ from websockets.protocol import State
 from core.errors import Unavailable
 from gateway import protocol as p
 from gateway import session_core as sc
-from gateway.auth import bearer_token, verify_token
+from gateway.auth import Token, TokenVerifier, bearer_token
 from gateway.chat import ChatService
 from gateway.config import Settings
 from gateway.conversations import Conversations
@@ -43,6 +43,7 @@ log = logging.getLogger("gateway.session")
 T = TypeVar("T")
 YIELD_EVERY = 16  # frames read from one socket before the loop serves the others
 _HANDSHAKE_DONE = Request("/ws", Headers())
+TOKEN_EXPIRED = 4001  # docs/protocol.md: close codes 4000-4099 are the gateway's
 
 
 class Pusher(Protocol):
@@ -60,7 +61,8 @@ class Sessions:
 
     def __init__(self, settings: Settings, registry: Registry, chat: ChatService,
                  groups: GroupService, conversations: Conversations, live: LiveRooms,
-                 pusher: Pusher, metrics: NodeMetrics, draining: Callable[[], bool]) -> None:
+                 pusher: Pusher, metrics: NodeMetrics, draining: Callable[[], bool],
+                 verifier: TokenVerifier) -> None:
         self.settings = settings
         self.registry = registry
         self.chat = chat
@@ -70,6 +72,7 @@ class Sessions:
         self.pusher = pusher
         self.metrics = metrics
         self.draining = draining
+        self.verifier = verifier
         self.limits = sc.SessionLimits(
             settings.max_body, settings.bad_frame_limit, settings.send_rate,
             settings.send_burst, op_rate=settings.op_rate, op_burst=settings.op_burst,
@@ -83,15 +86,17 @@ class Sessions:
             return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "node is draining\n")
         token = bearer_token(request.headers.get("Authorization")) or _query_token(request.path)
         try:
-            user = verify_token(self.settings.auth_secret, token)
+            checked = self.verifier.check(token)
         except ProtocolError as err:
             return conn.respond(HTTPStatus.UNAUTHORIZED, err.message + "\n")
+        user = checked.user
         if self.registry.connections_of(user) >= self.settings.max_conns_per_user:
             self.metrics.closed.labels("conn_cap").inc()
             return conn.respond(HTTPStatus.TOO_MANY_REQUESTS,
                                 f"at most {self.settings.max_conns_per_user} connections "
                                 "per user on a node\n")
         conn.username = user
+        conn.token_exp = checked.exp  # type: ignore[attr-defined]  # read once by handle
         return None
 
     # -- connection ----------------------------------------------------------
@@ -101,6 +106,7 @@ class Sessions:
         ws.request, ws.response = _HANDSHAKE_DONE, None
         core = sc.SessionCore(self.limits, time.monotonic())  # budgets, bad frames
         client = Client(ws.username, ws)
+        self._expire_at(client, ws.token_exp)  # type: ignore[attr-defined]
         closing: asyncio.Task[None] | None = None
         try:
             await self.registry.connected(client)
@@ -126,6 +132,8 @@ class Sessions:
         except ConnectionClosed:
             pass
         finally:
+            if client.expiry is not None:
+                client.expiry.cancel()
             if closing is not None:
                 await asyncio.gather(closing, return_exceptions=True)
             await self.registry.disconnected(client)
@@ -140,7 +148,10 @@ class Sessions:
         elif isinstance(action, sc.Spawn):
             await self._spawn(client, self._run(client, action.frame))
         elif isinstance(action, sc.Inline):
-            self._room_send(client, action.frame)
+            if isinstance(action.frame, p.Refresh):
+                self._refresh(client, action.frame)
+            else:
+                self._room_send(client, action.frame)
 
     def _run(self, client: Client, f: sc.TaskFrame) -> Awaitable[None]:
         if isinstance(f, p.Send):
@@ -213,6 +224,37 @@ class Sessions:
 
         if await self._guarded(client, f.id, leave):
             self._reply(client, {"op": "left", "re": f.id, "room": f.room})
+
+    # -- token lifetime --------------------------------------------------------
+    def _expire_at(self, client: Client, exp: float) -> None:
+        """Close ``client`` with 4001 when its token expires (one timer handle
+        per connection, replaced by a refresh)."""
+        if client.expiry is not None:
+            client.expiry.cancel()
+        loop = asyncio.get_running_loop()
+        client.expiry = loop.call_at(loop.time() + max(0.0, exp - time.time()),
+                                     self._expired, client)
+
+    def _expired(self, client: Client) -> None:
+        client.expiry = None
+        if client.ws.protocol.state is State.OPEN:
+            self.metrics.closed.labels("token_expired").inc()
+            task = asyncio.ensure_future(client.ws.close(TOKEN_EXPIRED, "token expired"))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _refresh(self, client: Client, f: p.Refresh) -> None:
+        """A new token for the same user moves the expiry; anything else is
+        ``unauthorized`` and the old expiry stands."""
+        try:
+            checked: Token = self.verifier.check(f.token)
+            if checked.user != client.user:
+                raise ProtocolError("unauthorized", "the token is for another user")
+        except ProtocolError as err:
+            err.re = f.id
+            self._error(client, err)
+            return
+        self._expire_at(client, checked.exp)
+        self._reply(client, {"op": "ok", "re": f.id})
 
     def _room_send(self, client: Client, f: p.RoomSend) -> None:
         """No task per message: the reply is written when the broker confirms."""

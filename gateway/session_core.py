@@ -19,7 +19,7 @@ Actions, in the order they are to be carried out:
 - ``Reply(data, error)``: write these bytes; ``error`` is the protocol error
   code when they are an error frame (the ``errors`` metric's label);
 - ``Spawn(frame)``: run the op as a task (bounded per connection by the driver);
-- ``Inline(frame)``: handle the op at once, no task (``room_send``);
+- ``Inline(frame)``: handle the op at once, no task (``room_send``, ``refresh``);
 - ``Close(code, reason, why)``: close the connection; ``why`` labels the metric.
 """
 
@@ -93,7 +93,7 @@ class Spawn:
 class Inline:
     """Handle this op at once, without a task."""
 
-    frame: p.RoomSend
+    frame: p.RoomSend | p.Refresh
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +164,7 @@ class SessionCore:
             return Reply(_pong(frame.id))
         if isinstance(frame, p.Read | p.RecvAck | p.Join | p.Leave):
             return Spawn(frame)
-        if isinstance(frame, p.RoomSend):
+        if isinstance(frame, p.RoomSend | p.Refresh):
             return Inline(frame)
         # Every op parse_frame accepts is served above; a new one must be added here.
         name = type(frame).__name__

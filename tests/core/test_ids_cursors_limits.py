@@ -111,7 +111,9 @@ def test_cluster_urls_are_checked_at_start_up():
                         "IM_REDIS_URL"),
                        ({"IM_REDIS_CLUSTER": "2"}, "IM_REDIS_CLUSTER"),
                        ({"IM_AMQP_URL": "amqp://a/,,amqp://b/"}, "IM_AMQP_URL item 2 of 3"),
-                       ({"IM_AMQP_URL": "redis://a/"}, "IM_AMQP_URL item 1 of 1")):
+                       ({"IM_AMQP_URL": "redis://a/"}, "IM_AMQP_URL item 1 of 1"),
+                       ({"IM_CORS_ORIGINS": "https://a.example,evil"}, "IM_CORS_ORIGINS"),
+                       ({"IM_CORS_ORIGINS": "https://a.example/path"}, "IM_CORS_ORIGINS")):
         with pytest.raises(ConfigError, match=named):
             Settings.from_env(bad)
     # One plain Redis URL with a database is fine without cluster mode.
