@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -35,8 +36,10 @@ from gateway.http_guard import HttpLimits
 from gateway.hub import Hub
 from gateway.live import LiveRooms
 from gateway.metrics import NodeMetrics
+from gateway.moderation import Moderation
 from gateway.registry import Registry, Replay
 from gateway.rooms import RoomHub, RoomLimits
+from gateway.server_api import ServerDeps
 from gateway.session import Sessions
 from router import Router, make_broker
 from router.group_fanout import GroupDiffusion
@@ -112,8 +115,16 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     bindings = Bindings(broker, metrics, s.room_unbind_delay_s, int(60 / s.room_report_s))
     presence = GroupPresence(group_hub, bindings, stores.group_cache, **batch)
     replay = Replay(hub, stores.offline, metrics)
+    async def on_control(users: list[str], ctl: dict[str, Any]) -> None:
+        """A control message for local devices: group membership, or moderation."""
+        if ctl.get("op") in ("close", "revoke"):
+            await moderation.apply_control(users, ctl)
+        else:
+            await presence.apply_control(users, ctl)
+
     router = Router(name, hub, broker, stores.routes, rooms=room_hub, groups=group_hub,
-                    on_control=presence.apply_control, on_resume=replay.resumed)
+                    on_control=on_control, on_resume=replay.resumed)
+    moderation = Moderation(stores.sanctions, router, hub, s.auth_max_ttl_s)
     metrics.watch_broker(router.broker_status)
     mids = MidGenerator(number)
     claims = Claims(stores.dedup, observe=metrics.stage_observer("dedup"), **batch)
@@ -131,11 +142,23 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     registry = Registry(name, hub, stores.routes, presence, live, **batch)
     verifier = TokenVerifier.from_settings(s)
     sessions = Sessions(s, registry, chat, groups, conversations, live, router, metrics,
-                        draining, verifier)
+                        draining, verifier, moderation)
+
+    async def notify(users: list[str], frame: bytes) -> int:
+        reached = 0
+        for user, r in zip(users, await stores.routes.lookup(users), strict=True):
+            router.push(user, frame, r)
+            now = time.time()
+            reached += sum(1 for node in r.values() if router.is_alive(node, now))
+        return reached
+
+    server = ServerDeps(chat, groups, live, router, moderation, notify, s.max_body) \
+        if s.api_key_list else None
     http = build_http(HttpDeps(name, verifier, chat, conversations,
                                groups, feed, live, metrics, healthy,
                                limits=HttpLimits.from_settings(s),
                                metrics_public=bool(s.metrics_public),
-                               cors_origins=s.cors_origin_list))
+                               cors_origins=s.cors_origin_list, api_keys=s.api_key_list,
+                               admit=moderation.admit, server=server))
     return App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
                conversations, live, feed, registry, replay, sessions, http)

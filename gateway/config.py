@@ -98,6 +98,11 @@ class Settings:
     metrics_port: int = 9464  # 0: any free port; -1: no separate listener
     metrics_public: int = 0  # 1: also serve /metrics on the API port
     cors_origins: str = ""  # comma-separated origins whose browsers may call the HTTP API
+    api_keys: str = ""  # comma-separated keys of the server API (/v1/server/*); "": off
+
+    @property
+    def api_key_list(self) -> tuple[str, ...]:
+        return tuple(k.strip() for k in self.api_keys.split(",") if k.strip())
 
     @property
     def cors_origin_list(self) -> tuple[str, ...]:
@@ -173,6 +178,8 @@ class Settings:
             raise ConfigError("IM_REDIS_CLUSTER must be 0 or 1")
         if self.metrics_public not in (0, 1):
             raise ConfigError("IM_METRICS_PUBLIC must be 0 or 1")
+        if any(len(k) < 24 for k in self.api_key_list):
+            raise ConfigError("IM_API_KEYS: each key must be at least 24 characters")
         for origin in self.cors_origin_list:
             if origin != "*" and not re.fullmatch(r"https?://[^/\s,]+", origin):
                 raise ConfigError(f"IM_CORS_ORIGINS: {origin!r} is not an origin "

@@ -55,6 +55,7 @@ class Client:
     groups: set[str] | None = None  # groups this device gets pushes of; None while none
     stuck_since: float = 0.0  # monotonic time of the first skipped write; 0: not stuck
     expiry: asyncio.TimerHandle | None = None  # closes it with 4001 when its token expires
+    iat: float = 0.0  # its token's iat (0: none given): what a revocation compares
 
     def write(self, frame: bytes, limit: int) -> bool:
         """One encoded JSON ``frame`` (a reply) to this socket alone, under the same

@@ -135,8 +135,14 @@ class GroupService:
         return doc
 
     # -- send ----------------------------------------------------------------------
-    async def send(self, sender: str, group: str, cmid: str, body: Any) -> GroupSendResult:
-        if not await self.cache.is_member(group, sender):
+    async def send(self, sender: str, group: str, cmid: str, body: Any, *,
+                   as_server: bool = False) -> GroupSendResult:
+        """``as_server``: the product's backend sends as ``sender``, who need not
+        be a member (the group must exist)."""
+        if as_server:
+            if await self.store.get(group) is None:
+                raise ProtocolError("not_found", "no such group")
+        elif not await self.cache.is_member(group, sender):
             raise ProtocolError("forbidden", "not a member of this group")
         mid = self.mids.next()
         prior = await self.claims.claim(sender, cmid, mid)

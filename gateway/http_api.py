@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.errors import Unavailable
 from core.ids import MAX_MID
-from gateway.auth import TokenVerifier
+from gateway.auth import Token, TokenVerifier
 from gateway.chat import ChatService
 from gateway.conversations import Conversations
 from gateway.errors import HTTP_STATUS, ProtocolError
@@ -59,6 +59,7 @@ from gateway.http_models import (
 )
 from gateway.live import LiveRooms
 from gateway.metrics import NodeMetrics
+from gateway.server_api import ServerDeps, install_server_api
 
 __all__ = ["HttpDeps", "build_http", "build_metrics_http"]
 
@@ -125,6 +126,9 @@ class HttpDeps:
     limits: HttpLimits = HttpLimits()
     metrics_public: bool = False  # also serve /metrics here (IM_METRICS_PUBLIC)
     cors_origins: tuple[str, ...] = ()  # IM_CORS_ORIGINS: browsers of these may call
+    api_keys: tuple[str, ...] = ()  # IM_API_KEYS: the server API's keys
+    admit: Callable[[Token], Awaitable[None]] | None = None  # bans and revocations
+    server: ServerDeps | None = None  # the server API (/v1/server/*)
 
 
 def build_http(deps: HttpDeps) -> FastAPI:
@@ -134,7 +138,7 @@ def build_http(deps: HttpDeps) -> FastAPI:
     _install_error_handlers(app)
     _install_openapi(app)
     app.add_middleware(HttpGuard, verifier=deps.verifier, limits=deps.limits,
-                       routes=app.router.routes,
+                       routes=app.router.routes, api_keys=deps.api_keys, admit=deps.admit,
                        count=lambda route, status: deps.metrics.http_requests.labels(
                            route, str(status)).inc())
     if deps.cors_origins:  # outermost: a preflight is answered before the guard's token check
@@ -161,6 +165,8 @@ def build_http(deps: HttpDeps) -> FastAPI:
     _messages(app, deps)
     _groups_and_rooms(app, deps)
     _feed(app, deps)
+    if deps.server is not None:
+        install_server_api(app, deps.server)
     return app
 
 

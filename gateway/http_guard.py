@@ -24,8 +24,9 @@ answer (RFC 9112 9.6, lingering close).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,8 +37,9 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from core.errors import Unavailable
 from core.ratelimit import KeyedBuckets
-from gateway.auth import TokenVerifier, bearer_token
+from gateway.auth import Token, TokenVerifier, bearer_token
 from gateway.config import Settings
 from gateway.errors import HTTP_STATUS, ProtocolError
 
@@ -45,6 +47,7 @@ __all__ = ["USER_KEY", "HttpGuard", "HttpLimits", "TimedH11Protocol",           
 
 USER_KEY = "imgate.user"  # the authenticated caller, in the ASGI scope
 PROTECTED_PREFIX = "/v1/"  # every path under it needs a token; the rest is public
+SERVER_PREFIX = "/v1/server/"  # ... but these need an API key instead (IM_API_KEYS)
 LINGER_S = 2.0  # after an early answer: how long the rest of a body is read and dropped
 LINGER_BYTES = 1 << 20  # ... and how much of it
 
@@ -75,7 +78,8 @@ class HttpGuard:
 
     def __init__(self, app: ASGIApp, *, verifier: TokenVerifier, limits: HttpLimits,
                  routes: Sequence[BaseRoute], count: Callable[[str, int], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, api_keys: Sequence[str] = (),
+                 admit: Callable[[Token], Awaitable[None]] | None = None) -> None:
         self.app = app
         self.verifier = verifier
         self.limits = limits
@@ -83,6 +87,8 @@ class HttpGuard:
         self.count = count
         self.clock = clock
         self.buckets = KeyedBuckets(limits.rate, limits.burst)
+        self.api_keys = tuple(k.encode() for k in api_keys)
+        self.admit = admit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -104,12 +110,23 @@ class HttpGuard:
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> bool:
         headers = Headers(scope=scope)
-        if scope["path"].startswith(PROTECTED_PREFIX):
+        if scope["path"].startswith(SERVER_PREFIX):
+            if not self._key_ok(headers.get("x-api-key")):
+                await _refuse(send, "unauthorized", "an API key (X-API-Key, one of "
+                              "IM_API_KEYS) is required here; user tokens are not accepted")
+                return True
+        elif scope["path"].startswith(PROTECTED_PREFIX):
             try:
-                user = self.verifier.verify(bearer_token(headers.get("authorization")))
+                token = self.verifier.check(bearer_token(headers.get("authorization")))
+                if self.admit is not None:
+                    await self.admit(token)  # a ban or revocation: one Redis read
             except ProtocolError as err:
                 await _refuse(send, err.code, err.message, [(b"www-authenticate", b"Bearer")])
                 return True
+            except Unavailable:
+                await _refuse(send, "unavailable", "a dependency is down; retry")
+                return True
+            user = token.user
             if not self.buckets.take(user, self.clock()):
                 wait = str(self.buckets.retry_after(user)).encode()
                 await _refuse(send, "rate_limited", "too many requests; slow down",
@@ -129,6 +146,13 @@ class HttpGuard:
             return False
         await self.app(scope, _replay(body, receive), send)
         return True
+
+    def _key_ok(self, given: str | None) -> bool:
+        """Constant-time against every configured key (none configured: none passes)."""
+        if not given:
+            return False
+        raw = given.encode()
+        return any([hmac.compare_digest(raw, k) for k in self.api_keys])
 
     def _too_large(self) -> str:
         return f"the request body is over the limit of {self.limits.body_max} bytes"

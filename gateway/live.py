@@ -31,7 +31,7 @@ from gateway.frames import body_value
 from gateway.hub import Client
 from gateway.metrics import NodeMetrics
 from gateway.rooms import RoomHub
-from router import Router
+from router import BrokerUnavailable, Router
 from router.routing import parse_key, room_key
 from store.errors import Unavailable
 from store.ports import RoomCountStore
@@ -105,6 +105,18 @@ class LiveRooms:
         self.rooms.deliver_room(room, fragment, prio)
         self.metrics.room_sends.labels("accepted").inc()
         return self.router.publish_room(room, fragment, prio)
+
+    async def publish(self, room: str, body: bytes, prio: int, sender: str) -> None:
+        """The server API's message to ``room``: members here at once, every other
+        node's through the broker; returns once the broker confirmed it."""
+        fragment = orjson.dumps({"from": sender, "body": body_value(body),
+                                 "ts": int(time.time() * 1000)})
+        self.rooms.deliver_room(room, fragment, prio)
+        self.metrics.room_sends.labels("server").inc()
+        try:
+            await self.router.publish_room(room, fragment, prio)
+        except BrokerUnavailable as exc:
+            raise Unavailable("rabbitmq", type(exc).__name__) from exc
 
     async def online(self, room: str) -> int:
         """Members of ``room`` across live nodes (a fresh read)."""

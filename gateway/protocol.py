@@ -25,6 +25,7 @@ __all__ = [
     "Leave",
     "Ping",
     "Refresh",
+    "encode_body",
     "Read",
     "RecvAck",
     "RoomSend",
@@ -146,6 +147,11 @@ def _body(obj: dict[str, Any], max_body: int, rid: object) -> bytes:
         raise ProtocolError("too_large", f"body is {len(raw)} bytes; the limit is {max_body}",
                             rid)
     return raw
+
+
+def encode_body(value: Any, max_body: int) -> bytes:
+    """A body given outside a frame (the server API) as the bytes a frame's is."""
+    return _body({"body": value}, max_body, None)
 
 
 def _parse_send(obj: dict[str, Any], rid: object, max_body: int) -> Send:

@@ -27,7 +27,7 @@ from core.errors import Unavailable
 from gateway import protocol as p
 from gateway import session_core as sc
 from gateway.auth import Token, TokenVerifier, bearer_token
-from gateway.chat import ChatService
+from gateway.chat import ChatService, SendResult
 from gateway.config import Settings
 from gateway.conversations import Conversations
 from gateway.errors import ProtocolError
@@ -35,9 +35,10 @@ from gateway.groups import GroupService
 from gateway.hub import Client
 from gateway.live import LiveRooms
 from gateway.metrics import NodeMetrics
+from gateway.moderation import Moderation
 from gateway.registry import Registry
 
-__all__ = ["Pusher", "Sessions"]
+__all__ = ["Pusher", "Sessions", "push_sent"]
 
 log = logging.getLogger("gateway.session")
 T = TypeVar("T")
@@ -56,13 +57,22 @@ class Pusher(Protocol):
                       ) -> None: ...
 
 
+def push_sent(pusher: Pusher, sender: str, to: str, result: SendResult,
+              skip_conn: int | None = None) -> None:
+    """After a 1:1 ack: the message to the receiver's devices and the sender's
+    others (nothing for a duplicate). The WebSocket and the server API share it."""
+    if result.frame is not None:
+        pusher.push(to, result.frame, result.receiver_routes)
+        pusher.push(sender, result.frame, result.sender_routes, skip_conn=skip_conn)
+
+
 class Sessions:
     """WebSocket entry points of a node."""
 
     def __init__(self, settings: Settings, registry: Registry, chat: ChatService,
                  groups: GroupService, conversations: Conversations, live: LiveRooms,
                  pusher: Pusher, metrics: NodeMetrics, draining: Callable[[], bool],
-                 verifier: TokenVerifier) -> None:
+                 verifier: TokenVerifier, moderation: Moderation) -> None:
         self.settings = settings
         self.registry = registry
         self.chat = chat
@@ -73,13 +83,15 @@ class Sessions:
         self.metrics = metrics
         self.draining = draining
         self.verifier = verifier
+        self.moderation = moderation
         self.limits = sc.SessionLimits(
             settings.max_body, settings.bad_frame_limit, settings.send_rate,
             settings.send_burst, op_rate=settings.op_rate, op_burst=settings.op_burst,
             refuse_rate=settings.refuse_rate, refuse_burst=settings.refuse_burst)
 
     # -- handshake -----------------------------------------------------------
-    def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+    async def process_request(self, conn: ServerConnection, request: Request
+                              ) -> Response | None:
         if request.path.split("?", 1)[0] != "/ws":
             return conn.respond(HTTPStatus.NOT_FOUND, "WebSocket endpoint is /ws\n")
         if self.draining():
@@ -87,8 +99,12 @@ class Sessions:
         token = bearer_token(request.headers.get("Authorization")) or _query_token(request.path)
         try:
             checked = self.verifier.check(token)
+            await self.moderation.admit(checked)  # one Redis read per handshake
         except ProtocolError as err:
-            return conn.respond(HTTPStatus.UNAUTHORIZED, err.message + "\n")
+            status = HTTPStatus.FORBIDDEN if err.code == "forbidden" else HTTPStatus.UNAUTHORIZED
+            return conn.respond(status, err.message + "\n")
+        except Unavailable:
+            return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "a dependency is down\n")
         user = checked.user
         if self.registry.connections_of(user) >= self.settings.max_conns_per_user:
             self.metrics.closed.labels("conn_cap").inc()
@@ -96,7 +112,7 @@ class Sessions:
                                 f"at most {self.settings.max_conns_per_user} connections "
                                 "per user on a node\n")
         conn.username = user
-        conn.token_exp = checked.exp  # type: ignore[attr-defined]  # read once by handle
+        conn.token = checked  # type: ignore[attr-defined]  # read once by handle
         return None
 
     # -- connection ----------------------------------------------------------
@@ -106,7 +122,9 @@ class Sessions:
         ws.request, ws.response = _HANDSHAKE_DONE, None
         core = sc.SessionCore(self.limits, time.monotonic())  # budgets, bad frames
         client = Client(ws.username, ws)
-        self._expire_at(client, ws.token_exp)  # type: ignore[attr-defined]
+        token: Token = ws.token  # type: ignore[attr-defined]
+        client.iat = token.iat or 0.0
+        self._expire_at(client, token.exp)
         closing: asyncio.Task[None] | None = None
         try:
             await self.registry.connected(client)
@@ -149,7 +167,7 @@ class Sessions:
             await self._spawn(client, self._run(client, action.frame))
         elif isinstance(action, sc.Inline):
             if isinstance(action.frame, p.Refresh):
-                self._refresh(client, action.frame)
+                await self._spawn(client, self._refresh(client, action.frame))
             else:
                 self._room_send(client, action.frame)
 
@@ -187,10 +205,7 @@ class Sessions:
         self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid,
                              "mid": result.mid, "ts": result.ts})
         self.metrics.send_latency.observe(time.perf_counter() - started)
-        if result.frame is not None:
-            self.pusher.push(f.to, result.frame, result.receiver_routes)
-            self.pusher.push(client.user, result.frame, result.sender_routes,
-                             skip_conn=client.id)
+        push_sent(self.pusher, client.user, f.to, result, skip_conn=client.id)
 
     async def _group_send(self, client: Client, f: p.GroupSend) -> None:
         result = await self._guarded(
@@ -242,18 +257,22 @@ class Sessions:
             task = asyncio.ensure_future(client.ws.close(TOKEN_EXPIRED, "token expired"))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    def _refresh(self, client: Client, f: p.Refresh) -> None:
-        """A new token for the same user moves the expiry; anything else is
-        ``unauthorized`` and the old expiry stands."""
-        try:
-            checked: Token = self.verifier.check(f.token)
+    async def _refresh(self, client: Client, f: p.Refresh) -> None:
+        """A new token for the same user moves the expiry; anything else (another
+        user's, a revoked one) is refused and the old expiry stands."""
+
+        async def check() -> Token:
+            checked = self.verifier.check(f.token)
             if checked.user != client.user:
                 raise ProtocolError("unauthorized", "the token is for another user")
-        except ProtocolError as err:
-            err.re = f.id
-            self._error(client, err)
+            await self.moderation.admit(checked)
+            return checked
+
+        checked = await self._guarded(client, f.id, check)
+        if checked is None:
             return
         self._expire_at(client, checked.exp)
+        client.iat = checked.iat or 0.0
         self._reply(client, {"op": "ok", "re": f.id})
 
     def _room_send(self, client: Client, f: p.RoomSend) -> None:

@@ -33,6 +33,7 @@ from store.records import GroupMessage, InboxLimits
 from store.redis_client import connect_redis, redis_guard
 from store.rooms_redis import RoomCountsRedis
 from store.routes_redis import RoutesRedis
+from store.sanctions_redis import SanctionsRedis
 from store.timeline_mongo import TimelineMongo
 
 __all__ = ["Stores", "Unavailable", "open_stores"]
@@ -56,6 +57,7 @@ class Stores:
     timelines: ports.TimelineStore
     feed_cache: ports.FeedCache
     counters: ports.CounterStore
+    sanctions: ports.SanctionStore
     keeper: Callable[[str, int, float], ports.LeaseKeeper]  # (node name, number, period)
     check_redis: Callable[[], Awaitable[None]]
     check_mongo: Callable[[], Awaitable[None]]
@@ -110,5 +112,5 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
         group_cache=GroupCacheRedis(redis, keys, groups, encode_group_last),
         follows=follows, posts=posts, timelines=TimelineMongo(db),
         feed_cache=FeedCacheRedis(redis, keys, follows, posts),
-        counters=CountersRedis(redis, keys),
+        counters=CountersRedis(redis, keys), sanctions=SanctionsRedis(redis, keys),
         check_redis=offline.ping, check_mongo=check_mongo, prepare=prepare, close=close)

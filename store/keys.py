@@ -56,6 +56,11 @@ class Keys:
         """String: ``p:<mid>`` while a send is in flight, ``d:<mid>`` once acked."""
         return f"{self.ns}:dd:{{{user}}}:{cmid}"
 
+    def sanctions(self, user: str) -> str:
+        """Hash: ``ban`` -> unix time a ban ends, ``rev`` -> tokens issued before
+        this unix time are refused."""
+        return f"{self.ns}:san:{{{user}}}"
+
     def routes(self, user: str) -> str:
         """Hash: connection id -> node id, for every connected device."""
         return f"{self.ns}:rt:{{{user}}}"

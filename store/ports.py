@@ -22,6 +22,7 @@ from store.records import (
     GroupState,
     Membership,
     OfflinePage,
+    Sanctions,
     StoredMessage,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "PostStore",
     "RoomCountStore",
     "RouteStore",
+    "SanctionStore",
     "TimelineStore",
 ]
 
@@ -110,6 +112,19 @@ class RouteStore(Protocol):
     async def lookup(self, users: Sequence[str]) -> list[dict[str, str]]: ...
 
     async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None: ...
+
+
+class SanctionStore(Protocol):
+    """Bans and token revocations set by the server API (read at each handshake
+    and HTTP call, never per frame)."""
+
+    async def get(self, user: str) -> Sanctions: ...
+
+    async def ban(self, user: str, until: float) -> None: ...
+
+    async def unban(self, user: str) -> None: ...
+
+    async def revoke(self, user: str, before: float, keep_s: float) -> None: ...
 
 
 class NodeDirectory(Protocol):

@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "Beat",
+    "Sanctions",
     "ChatMessage",
     "ConversationRow",
     "Delivery",
@@ -108,3 +109,11 @@ class Beat:
     held: bool  # the node holds its number (it may mint mids)
     retaken: bool  # the lease had vanished (Redis lost its data) and was taken again
     live: dict[str, float]  # every node seen lately -> heartbeat expiry (unix s)
+
+
+@dataclass(frozen=True, slots=True)
+class Sanctions:
+    """A user's ban and token revocation (unix seconds; 0: none)."""
+
+    banned_until: float = 0.0
+    revoked_before: float = 0.0

@@ -1,0 +1,170 @@
+"""The server API: ``/v1/server/*``, for the product's backend (docs/protocol.md,
+Server API). Authenticated by ``X-API-Key`` (``IM_API_KEYS``) in ``HttpGuard``;
+a user's token is never accepted here, nor a key on the user calls.
+
+Each call goes through the same services as the user's own ops (one code
+path: ``ChatService.send``, ``GroupService.send``, the router's room publish
+and ``tell``), and answers once it took effect where it must: a send once
+durable, a room publish once the broker confirmed it, a disconnect, ban or
+revocation once every node holding a device of the user was told (the
+broker's confirm) and the state a handshake reads is written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Security
+from fastapi.security import APIKeyHeader
+from pydantic import Field, StrictInt
+
+from gateway.chat import ChatService
+from gateway.groups import GroupService
+from gateway.http_models import Id, Ok, UserId, _Body, errors
+from gateway.live import LiveRooms
+from gateway.moderation import MAX_BAN_S, Moderation
+from gateway.protocol import encode_body
+from gateway.session import Pusher, push_sent
+
+__all__ = ["API_KEY_HEADER", "ServerDeps", "install_server_api"]
+
+API_KEY_HEADER = "X-API-Key"
+SERVER_PREFIX = "/v1/server/"
+MAX_NOTIFY_USERS = 1000
+
+api_key = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, scheme_name="ApiKey",
+                       description="one of IM_API_KEYS (the product's backend only)")
+KEY = [Security(api_key)]
+SERVER = errors(400, 401, 404, 413, 500, 503)
+
+
+@dataclass(frozen=True)
+class ServerDeps:
+    chat: ChatService
+    groups: GroupService
+    live: LiveRooms
+    pusher: Pusher
+    moderation: Moderation
+    # A frame to every device of these users on every node; the devices reached.
+    notify: Callable[[list[str], bytes], Awaitable[int]]
+    max_body: int
+
+
+# -- bodies and answers ------------------------------------------------------------
+class ServerSend(_Body):
+    from_: Annotated[UserId, Field(alias="from")]
+    to: UserId
+    cmid: Id
+    body: Any
+
+
+class ServerGroupSend(_Body):
+    from_: Annotated[UserId, Field(alias="from")]
+    group: Id
+    cmid: Id
+    body: Any
+
+
+class RoomPublish(_Body):
+    body: Any
+    prio: Annotated[StrictInt, Field(ge=0, le=1)] = 0
+    from_: Annotated[UserId, Field(alias="from")] = "system"
+
+
+class Notify(_Body):
+    users: Annotated[list[UserId], Field(min_length=1, max_length=MAX_NOTIFY_USERS)]
+    body: Any
+
+
+class Ban(_Body):
+    seconds: Annotated[StrictInt, Field(ge=1, le=MAX_BAN_S)]
+
+
+class Revoke(_Body):
+    before: Annotated[StrictInt, Field(ge=0, le=4_102_444_800)]  # unix s, before 2100
+
+
+class Sent(_Body):
+    mid: int
+    ts: int
+
+
+class GroupSent(_Body):
+    mid: int
+    seq: int
+    ts: int
+
+
+class Reached(_Body):
+    online: int  # devices connected (their frames were queued)
+
+
+def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
+    d = deps
+
+    @app.post("/v1/server/send", response_model=Sent, responses=SERVER, dependencies=KEY)
+    async def server_send(req: ServerSend) -> dict[str, Any]:
+        """A 1:1 message from ``from`` (a system account or any user): durable and
+        idempotent by (``from``, ``cmid``) exactly like the WebSocket ``send``."""
+        result = await d.chat.send(req.from_, req.to, req.cmid,
+                                   encode_body(req.body, d.max_body))
+        push_sent(d.pusher, req.from_, req.to, result)
+        return {"mid": result.mid, "ts": result.ts}
+
+    @app.post("/v1/server/group_send", response_model=GroupSent, responses=SERVER,
+              dependencies=KEY)
+    async def server_group_send(req: ServerGroupSend) -> dict[str, Any]:
+        """A group message from ``from``, who need not be a member."""
+        result = await d.groups.send(req.from_, req.group, req.cmid,
+                                     encode_body(req.body, d.max_body), as_server=True)
+        if result.frame is not None:
+            d.pusher.publish_group(req.group, result.frame)
+        return {"mid": result.mid, "seq": result.seq, "ts": result.ts}
+
+    @app.post("/v1/server/rooms/{room}/publish", response_model=Ok, responses=SERVER,
+              dependencies=KEY)
+    async def room_publish(room: Id, req: RoomPublish) -> dict[str, Any]:
+        """To every member of ``room`` on every node, once the broker confirmed it."""
+        await d.live.publish(room, encode_body(req.body, d.max_body), req.prio, req.from_)
+        return {"ok": True}
+
+    @app.post("/v1/server/notify", response_model=Reached, responses=SERVER,
+              dependencies=KEY)
+    async def notify(req: Notify) -> dict[str, Any]:
+        """A ``notice`` frame to every connected device of these users; not stored."""
+        users = list(dict.fromkeys(req.users))
+        frame = b'{"op":"notice","body":' + encode_body(req.body, d.max_body) + \
+            b',"ts":' + str(int(time.time() * 1000)).encode() + b"}"
+        return {"online": await d.notify(users, frame)}
+
+    @app.post("/v1/server/users/{user}/disconnect", response_model=Ok, responses=SERVER,
+              dependencies=KEY)
+    async def disconnect(user: UserId) -> dict[str, Any]:
+        """Every connection of ``user``, on every node, is closed with 4003."""
+        await d.moderation.disconnect(user)
+        return {"ok": True}
+
+    @app.post("/v1/server/users/{user}/ban", response_model=Ok, responses=SERVER,
+              dependencies=KEY)
+    async def ban(user: UserId, req: Ban) -> dict[str, Any]:
+        """While banned, handshakes and HTTP calls of ``user`` are refused (403) and
+        open connections are closed with 4003."""
+        await d.moderation.ban(user, req.seconds)
+        return {"ok": True}
+
+    @app.delete("/v1/server/users/{user}/ban", response_model=Ok, responses=SERVER,
+                dependencies=KEY)
+    async def unban(user: UserId) -> dict[str, Any]:
+        await d.moderation.unban(user)
+        return {"ok": True}
+
+    @app.post("/v1/server/users/{user}/revoke", response_model=Ok, responses=SERVER,
+              dependencies=KEY)
+    async def revoke(user: UserId, req: Revoke) -> dict[str, Any]:
+        """Tokens of ``user`` issued (``iat``) before ``before`` are refused from
+        now on; connections opened with one are closed with 4003."""
+        await d.moderation.revoke(user, float(req.before))
+        return {"ok": True}

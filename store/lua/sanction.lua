@@ -1,0 +1,19 @@
+-- sanction.lua: move one field of a user's sanctions hash forward, and keep
+-- the key until the latest moment any field still matters.
+-- KEYS[1] ns:san:{user}   ARGV[1] field (ban | rev)   ARGV[2] value (unix s)
+-- ARGV[3] keep the key at least until this unix time (0: until ARGV[2])
+local field, value = ARGV[1], tonumber(ARGV[2])
+local keep = tonumber(ARGV[3])
+if keep == 0 then keep = value end
+if field == 'rev' then
+  local old = tonumber(redis.call('HGET', KEYS[1], 'rev') or '0')
+  if old > value then value = old end
+end
+redis.call('HSET', KEYS[1], field, tostring(value))
+local now = tonumber(redis.call('TIME')[1])
+local ttl = redis.call('TTL', KEYS[1])
+local want = math.ceil(keep - now) + 1
+if want > 0 and (ttl < 0 or ttl < want) then
+  redis.call('EXPIRE', KEYS[1], want)
+end
+return 1

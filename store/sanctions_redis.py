@@ -1,0 +1,49 @@
+"""Bans and token revocations per user, set by the server API (``SanctionStore``).
+
+``ns:san:{user}`` is a hash: ``ban`` = unix time the ban ends, ``rev`` =
+tokens issued (``iat``) before this unix time are refused. The key expires
+with the later of the two (a revocation needs to outlive only the tokens it
+refuses: at most the longest token lifetime). Read once per WebSocket
+handshake and per HTTP call of that user, never per frame.
+"""
+
+from __future__ import annotations
+
+import time
+
+from store.keys import Keys
+from store.records import Sanctions
+from store.redis_client import Lua, RedisClient, redis_guard
+
+__all__ = ["SanctionsRedis"]
+
+
+class SanctionsRedis:
+    def __init__(self, redis: RedisClient, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self._set = Lua("sanction.lua")
+
+    async def get(self, user: str) -> Sanctions:
+        async with redis_guard():
+            ban, rev = await self.redis.hmget(self.keys.sanctions(user),  # type: ignore[misc]
+                                              ["ban", "rev"])
+        now = time.time()
+        until = float(ban) if ban is not None else 0.0
+        return Sanctions(banned_until=until if until > now else 0.0,
+                         revoked_before=float(rev) if rev is not None else 0.0)
+
+    async def ban(self, user: str, until: float) -> None:
+        async with redis_guard():
+            await self._set(self.redis, [self.keys.sanctions(user)], ["ban", until, 0])
+
+    async def unban(self, user: str) -> None:
+        async with redis_guard():
+            await self.redis.hdel(self.keys.sanctions(user), "ban")  # type: ignore[misc]
+
+    async def revoke(self, user: str, before: float, keep_s: float) -> None:
+        """Refuse ``user``'s tokens issued before ``before`` (only ever moves later),
+        remembered ``keep_s`` past it."""
+        async with redis_guard():
+            await self._set(self.redis, [self.keys.sanctions(user)],
+                            ["rev", before, before + keep_s])
