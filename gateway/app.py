@@ -119,12 +119,15 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         """A control message for local devices: group membership, or moderation."""
         if ctl.get("op") in ("close", "revoke"):
             await moderation.apply_control(users, ctl)
+        elif ctl.get("op") in ("rmute", "runmute", "rkick"):
+            await live.apply_control(users, ctl)
         else:
             await presence.apply_control(users, ctl)
 
     router = Router(name, hub, broker, stores.routes, rooms=room_hub, groups=group_hub,
                     on_control=on_control, on_resume=replay.resumed)
-    moderation = Moderation(stores.sanctions, router, hub, s.auth_max_ttl_s)
+    moderation = Moderation(stores.sanctions, router, hub, s.auth_max_ttl_s,
+                            metrics.sanctions_unchecked.inc)
     metrics.watch_broker(router.broker_status)
     mids = MidGenerator(number)
     claims = Claims(stores.dedup, observe=metrics.stage_observer("dedup"), **batch)
@@ -133,7 +136,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     groups = GroupService(stores.groups, stores.group_cache, claims, mids, diffusion,
                           stores.offline, router, s, metrics)
     conversations = Conversations(chat, groups, s.sync_settle_ms)
-    live = LiveRooms(name, s, metrics, room_hub, router, stores.rooms, bindings)
+    live = LiveRooms(name, s, metrics, room_hub, router, stores.rooms, bindings,
+                     stores.sanctions)
     fanout = TimelineFanout(stores.posts, stores.follows, stores.timelines, stores.feed_cache,
                             router, feed_frame, timeline_max=s.feed_timeline_max,
                             queue_max=s.feed_queue_max)
@@ -152,8 +156,14 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
             reached += sum(1 for node in r.values() if router.is_alive(node, now))
         return reached
 
-    server = ServerDeps(chat, groups, live, router, moderation, notify, s.max_body) \
-        if s.api_key_list else None
+    async def online(users: list[str]) -> list[tuple[int, int | None]]:
+        now = time.time()
+        routes, seen = await stores.routes.lookup(users), await stores.routes.last_seen(users)
+        return [(sum(1 for node in r.values() if router.is_alive(node, now)), t)
+                for r, t in zip(routes, seen, strict=True)]
+
+    server = ServerDeps(chat, groups, live, router, moderation, notify, online,
+                        s.max_body) if s.api_key_list else None
     http = build_http(HttpDeps(name, verifier, chat, conversations,
                                groups, feed, live, metrics, healthy,
                                limits=HttpLimits.from_settings(s),

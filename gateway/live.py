@@ -34,7 +34,9 @@ from gateway.rooms import RoomHub
 from router import BrokerUnavailable, Router
 from router.routing import parse_key, room_key
 from store.errors import Unavailable
-from store.ports import RoomCountStore
+from store.ports import RoomCountStore, SanctionStore
+
+RoomMutes = SanctionStore  # the room mutes, read at join
 
 __all__ = ["LiveRooms"]
 
@@ -45,7 +47,8 @@ class LiveRooms:
     """Room ops and bookkeeping of one node."""
 
     def __init__(self, node: str, settings: Settings, metrics: NodeMetrics, rooms: RoomHub,
-                 router: Router, counts: RoomCountStore, bindings: Bindings) -> None:
+                 router: Router, counts: RoomCountStore, bindings: Bindings,
+                 mutes: RoomMutes) -> None:
         self.node = node
         self.settings = settings
         self.metrics = metrics
@@ -54,6 +57,10 @@ class LiveRooms:
         self.counts = counts
         self.bindings = bindings
         self._dirty: set[str] = set()  # counts to write at the next tick
+        self.mutes = mutes
+        # (room, user) -> unix time a mute ends, for users with a device in the room
+        # here: read at join, moved by the server API's controls; room_send never awaits.
+        self._muted: dict[tuple[str, str], float] = {}
         self._buckets = KeyedBuckets(settings.room_send_rate, settings.room_send_burst)
         self._last_refresh = time.monotonic()
         self._report: Batcher[str, int] = Batcher(
@@ -67,6 +74,9 @@ class LiveRooms:
         if room not in joined and len(joined) >= self.settings.room_max_per_conn:
             raise ProtocolError("forbidden", f"a connection may be in at most "
                                 f"{self.settings.room_max_per_conn} rooms")
+        until = await self.mutes.room_muted(room, client.user)
+        if until:
+            self._muted[(room, client.user)] = until
         self.rooms.join(client, room)
         await self.bindings.ensure(room_key(room))
         try:
@@ -96,6 +106,9 @@ class LiveRooms:
         if client.rooms is None or room not in client.rooms:
             self.metrics.room_sends.labels("forbidden").inc()
             raise ProtocolError("forbidden", "join the room before sending to it")
+        if self._muted and self._is_muted(room, client.user):
+            self.metrics.room_sends.labels("muted").inc()
+            raise ProtocolError("forbidden", "muted in this room")
         now = time.monotonic()
         if not self._buckets.take(client.user, now):
             self.metrics.room_sends.labels("rate_limited").inc()
@@ -117,6 +130,34 @@ class LiveRooms:
             await self.router.publish_room(room, fragment, prio)
         except BrokerUnavailable as exc:
             raise Unavailable("rabbitmq", type(exc).__name__) from exc
+
+    def _is_muted(self, room: str, user: str) -> bool:
+        until = self._muted.get((room, user))
+        if until is None:
+            return False
+        if until > time.time():
+            return True
+        del self._muted[(room, user)]
+        return False
+
+    async def apply_control(self, users: list[str], ctl: dict[str, Any]) -> None:
+        """The server API's room controls for these users' local devices: a mute
+        (``rmute``, until), its end (``runmute``), a kick (``rkick``: leave, told
+        ``{"op":"left","room","reason":"kicked"}``)."""
+        op, room = ctl.get("op"), ctl.get("room")
+        if not isinstance(room, str):
+            return
+        for user in users:
+            if op == "rmute" and isinstance(ctl.get("until"), int | float):
+                self._muted[(room, user)] = float(ctl["until"])
+            elif op == "runmute":
+                self._muted.pop((room, user), None)
+            elif op == "rkick":
+                frame = orjson.dumps({"op": "left", "room": room, "reason": "kicked"})
+                for client in list(self.rooms.hub.users.get(user, {}).values()):
+                    if self._left(client, room):
+                        self._dirty.add(room)
+                        client.write(frame, self.settings.reply_buffer_max)
 
     async def online(self, room: str) -> int:
         """Members of ``room`` across live nodes (a fresh read)."""

@@ -21,6 +21,10 @@ class NodeMetrics:
         self.frames_in = Counter("im_frames_in_total", "Client frames received", ["op"],
                                  registry=r)
         self.errors = Counter("im_errors_total", "Error replies sent", ["code"], registry=r)
+        self.sanctions_unchecked = Counter(
+            "im_sanctions_unchecked_total",
+            "Handshakes and HTTP calls admitted without a ban/revocation check (Redis down)",
+            registry=r)
         self.sends = Counter("im_sends_total", "1:1 sends by outcome", ["outcome"], registry=r)
         self.send_latency = Histogram(
             "im_send_ack_seconds", "Send received to ack written",

@@ -17,11 +17,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Security
+from fastapi import FastAPI, Query, Security
 from fastapi.security import APIKeyHeader
 from pydantic import Field, StrictInt
 
+from gateway.auth import check_user_id
 from gateway.chat import ChatService
+from gateway.errors import ProtocolError
 from gateway.groups import GroupService
 from gateway.http_models import Id, Ok, UserId, _Body, errors
 from gateway.live import LiveRooms
@@ -50,6 +52,8 @@ class ServerDeps:
     moderation: Moderation
     # A frame to every device of these users on every node; the devices reached.
     notify: Callable[[list[str], bytes], Awaitable[int]]
+    # (devices on live nodes, last disconnect in unix s) of each user
+    presence: Callable[[list[str]], Awaitable[list[tuple[int, int | None]]]]
     max_body: int
 
 
@@ -87,6 +91,10 @@ class Revoke(_Body):
     before: Annotated[StrictInt, Field(ge=0, le=4_102_444_800)]  # unix s, before 2100
 
 
+class Mute(_Body):
+    seconds: Annotated[StrictInt, Field(ge=1, le=MAX_BAN_S)]
+
+
 class Sent(_Body):
     mid: int
     ts: int
@@ -100,6 +108,16 @@ class GroupSent(_Body):
 
 class Reached(_Body):
     online: int  # devices connected (their frames were queued)
+
+
+class UserPresence(_Body):
+    online: bool
+    devices: int
+    last_seen: int | None  # unix ms: now while online, else the last disconnect
+
+
+class PresencePage(_Body):
+    users: dict[str, UserPresence]
 
 
 def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
@@ -168,3 +186,42 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
         now on; connections opened with one are closed with 4003."""
         await d.moderation.revoke(user, float(req.before))
         return {"ok": True}
+
+    @app.post("/v1/server/rooms/{room}/mute/{user}", response_model=Ok, responses=SERVER,
+              dependencies=KEY)
+    async def mute(room: Id, user: UserId, req: Mute) -> dict[str, Any]:
+        """``user``'s ``room_send`` to ``room`` is ``forbidden`` until then, on every node."""
+        await d.moderation.mute(room, user, req.seconds)
+        return {"ok": True}
+
+    @app.delete("/v1/server/rooms/{room}/mute/{user}", response_model=Ok, responses=SERVER,
+                dependencies=KEY)
+    async def unmute(room: Id, user: UserId) -> dict[str, Any]:
+        await d.moderation.unmute(room, user)
+        return {"ok": True}
+
+    @app.post("/v1/server/rooms/{room}/kick/{user}", response_model=Ok, responses=SERVER,
+              dependencies=KEY)
+    async def kick(room: Id, user: UserId) -> dict[str, Any]:
+        """``user`` leaves ``room`` on every node; each of its connections there is
+        told ``{"op":"left","room","reason":"kicked"}``."""
+        await d.moderation.kick(room, user)
+        return {"ok": True}
+
+    @app.get("/v1/server/presence", response_model=PresencePage, responses=SERVER,
+             dependencies=KEY)
+    async def presence(users: Annotated[str, Query(min_length=1, max_length=66_000)]
+                       ) -> dict[str, Any]:
+        """``users``: comma-separated, at most 1,000."""
+        names = list(dict.fromkeys(u for u in users.split(",") if u))
+        if not names or len(names) > MAX_NOTIFY_USERS:
+            raise ProtocolError("bad_request", f"users: 1-{MAX_NOTIFY_USERS} user ids")
+        for u in names:
+            if why := check_user_id(u):
+                raise ProtocolError("bad_request", f"users: {why}")
+        now_ms = int(time.time() * 1000)
+        out = {}
+        for u, (devices, seen) in zip(names, await d.presence(names), strict=True):
+            out[u] = {"online": devices > 0, "devices": devices,
+                      "last_seen": now_ms if devices else (seen * 1000 if seen else None)}
+        return {"users": out}

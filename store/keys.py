@@ -137,6 +137,14 @@ class Keys:
         """Hash: node name -> that node's local member count of ``room``."""
         return f"{self.ns}:ro:{{{room}}}"
 
+    def room_mutes(self, room: str) -> str:
+        """Hash: user -> unix time a mute in room R ends (the server API's)."""
+        return f"{self.ns}:rmute:{{{room}}}"
+
+    def last_seen(self, user: str) -> str:
+        """String: unix time the user's last device disconnected (30 days)."""
+        return f"{self.ns}:seen:{{{user}}}"
+
     # -- nodes ---------------------------------------------------------------
     def node_lease(self, node_num: int) -> str:
         return f"{self.ns}:nodeid:{node_num}"

@@ -7,12 +7,15 @@ whose heartbeat has lapsed and delete them as they meet them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from store.keys import Keys
 from store.redis_client import RedisClient, redis_guard
 
 __all__ = ["RoutesRedis"]
+
+SEEN_TTL_S = 30 * 86_400
 
 
 class RoutesRedis:
@@ -38,11 +41,23 @@ class RoutesRedis:
             await pipe.execute()
 
     async def remove(self, routes: Sequence[tuple[str, str, int]]) -> None:
+        """Drop these routes and note when each user was last seen (same round trip)."""
+        now = int(time.time())
         async with redis_guard():
             pipe = self.redis.pipeline(transaction=False)
             for user, node, conn in routes:
                 pipe.hdel(self.keys.routes(user), self.field(node, conn))
+                pipe.set(self.keys.last_seen(user), now, ex=SEEN_TTL_S)
             await pipe.execute()
+
+    async def last_seen(self, users: Sequence[str]) -> list[int | None]:
+        """When each user's device last disconnected (unix s), if within 30 days."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for user in users:
+                pipe.get(self.keys.last_seen(user))
+            raw = await pipe.execute()
+        return [int(v) if v is not None else None for v in raw]
 
     async def lookup(self, users: Sequence[str]) -> list[dict[str, str]]:
         """Each user's routes (connection -> node), one round trip."""

@@ -35,15 +35,29 @@ class SanctionsRedis:
 
     async def ban(self, user: str, until: float) -> None:
         async with redis_guard():
-            await self._set(self.redis, [self.keys.sanctions(user)], ["ban", until, 0])
+            await self._set(self.redis, [self.keys.sanctions(user)], ["ban", until, 0, "set"])
 
     async def unban(self, user: str) -> None:
         async with redis_guard():
             await self.redis.hdel(self.keys.sanctions(user), "ban")  # type: ignore[misc]
+
+    async def room_muted(self, room: str, user: str) -> float:
+        async with redis_guard():
+            raw = await self.redis.hget(self.keys.room_mutes(room), user)  # type: ignore[misc]
+        until = float(raw) if raw is not None else 0.0
+        return until if until > time.time() else 0.0
+
+    async def mute(self, room: str, user: str, until: float) -> None:
+        async with redis_guard():
+            await self._set(self.redis, [self.keys.room_mutes(room)], [user, until, 0, "set"])
+
+    async def unmute(self, room: str, user: str) -> None:
+        async with redis_guard():
+            await self.redis.hdel(self.keys.room_mutes(room), user)  # type: ignore[misc]
 
     async def revoke(self, user: str, before: float, keep_s: float) -> None:
         """Refuse ``user``'s tokens issued before ``before`` (only ever moves later),
         remembered ``keep_s`` past it."""
         async with redis_guard():
             await self._set(self.redis, [self.keys.sanctions(user)],
-                            ["rev", before, before + keep_s])
+                            ["rev", before, before + keep_s, "max"])

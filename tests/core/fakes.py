@@ -113,6 +113,10 @@ class FakeRoutes(Faulty):
         self._up("lookup")
         return [dict(self.routes.get(u, {})) for u in users]
 
+    async def last_seen(self, users: Sequence[str]) -> list[int | None]:
+        self._up("last_seen")
+        return [None for _ in users]
+
     async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None:
         self._up("purge_many")
         for user, fields in dead.items():

@@ -11,6 +11,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 
 from testkit.device import Device
+from testkit.poll import until
 from tests.conftest import SECRET, settle, token, uid
 
 KEY = "k-" + "0123456789abcdef" * 2
@@ -183,3 +184,42 @@ async def test_openapi_documents_the_server_api_with_its_own_scheme(two, client)
                  "/v1/server/users/{user}/revoke", "/v1/server/users/{user}/disconnect"):
         ops = doc["paths"][path]
         assert all(op["security"] == [{"ApiKey": []}] for op in ops.values()), path
+
+
+async def test_room_mute_kick_and_presence_on_the_other_node(two, client, connect):
+    a, b = two
+    room, user, other = uid("room"), uid("m"), uid("o")
+    d = await connect(b, user)
+    assert (await d.request("join", room=room))["op"] == "joined"
+    assert (await d.request("room_send", room=room, body="before"))["op"] == "ok"
+    r = await call(client, a, "POST", f"rooms/{room}/mute/{user}", json={"seconds": 600})
+    assert r.json() == {"ok": True}
+    muted = await d.request("room_send", room=room, body="during")
+    assert muted["code"] == "forbidden" and "muted" in muted["message"]
+    # A device that joins later, on the other node, is muted too (read at join).
+    d2 = await connect(a, user)
+    assert (await d2.request("join", room=room))["op"] == "joined"
+    assert (await d2.request("room_send", room=room, body="x"))["code"] == "forbidden"
+    assert (await call(client, a, "DELETE", f"rooms/{room}/mute/{user}")).json() == {"ok": True}
+    assert (await d.request("room_send", room=room, body="after"))["op"] == "ok"
+    # Kick: both devices leave, each told why.
+    assert (await call(client, b, "POST", f"rooms/{room}/kick/{user}")).json() == {"ok": True}
+    for dev in (d, d2):
+        left = await dev.next_push("left")
+        assert left == {"op": "left", "room": room, "reason": "kicked"}
+        assert (await dev.request("room_send", room=room, body="y"))["code"] == "forbidden"
+    # Presence: two devices now; none for the other user, until one connects.
+    p = (await call(client, a, "GET", "presence", params={"users": f"{user},{other}"})).json()
+    assert p["users"][user]["online"] and p["users"][user]["devices"] == 2
+    assert p["users"][other] == {"online": False, "devices": 0, "last_seen": None}
+    await d.close()
+    await d2.close()
+
+    async def offline() -> bool:
+        q = (await call(client, b, "GET", "presence", params={"users": user})).json()
+        u = q["users"][user]
+        return not u["online"] and isinstance(u["last_seen"], int)
+
+    assert await until(offline, timeout=10)
+    bad = await call(client, a, "GET", "presence", params={"users": "a b"})
+    assert bad.status_code == 400

@@ -60,6 +60,8 @@ async def test_redis_down_gives_unavailable_then_recovers(private, make_node, co
     # Sync still answers from the MongoDB boxes while Redis is down.
     page = (await http(b, node).get("/v1/sync", params={"since": 0})).json()
     assert [m["body"] for m in page["msgs"]] == [0]
+    # ... admitted without the ban/revocation check, which needs Redis (counted).
+    assert node.metrics.sanctions_unchecked._value.get() >= 1
     conv = await http(b, node).get("/v1/conversations")
     assert conv.status_code == 503 and conv.json()["error"]["code"] == "unavailable"
 
