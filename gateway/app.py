@@ -27,6 +27,7 @@ from gateway.chat import ChatService
 from gateway.claims import Claims
 from gateway.config import Settings
 from gateway.conversations import Conversations
+from gateway.events import Events
 from gateway.feed import FeedService, feed_frame
 from gateway.group_presence import GroupPresence
 from gateway.grouphub import GroupHub
@@ -73,11 +74,13 @@ class App:
     replay: Replay
     sessions: Sessions
     http: FastAPI
+    events: Events
 
     async def start(self) -> None:
         """Connect to the broker (raises if it cannot), start background work."""
         await self.router.start()
         self.feed.start()
+        self.events.start()
 
     def key_in_use(self, key: str) -> bool:
         """Whether a broker routing key still has a local member."""
@@ -97,7 +100,8 @@ class App:
                 ("chat", self.chat.close),
                 ("rooms", self.live.close), ("groups", self.groups.close),
                 ("group loads", self.group_presence.close), ("feed", self.feed.close),
-                ("replay", self.replay.close), ("broker", self.router.close)]
+                ("replay", self.replay.close), ("events", self.events.close),
+                ("broker", self.router.close)]
 
 
 def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: str,
@@ -145,8 +149,15 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                        stores.counters, fanout, mids, s)
     registry = Registry(name, hub, stores.routes, presence, live, **batch)
     verifier = TokenVerifier.from_settings(s)
+
+    async def unread_total(user: str) -> int:
+        return int((await conversations.conversations(user, 1))["total_unread"])
+
+    events = Events(router.publish_event, unread_total, s.event_types,
+                    pending_max=s.events_pending_max,
+                    count=lambda kind, outcome: metrics.events.labels(kind, outcome).inc())
     sessions = Sessions(s, registry, chat, groups, conversations, live, router, metrics,
-                        draining, verifier, moderation)
+                        draining, verifier, moderation, events)
 
     async def notify(users: list[str], frame: bytes) -> int:
         reached = 0
@@ -163,7 +174,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                 for r, t in zip(routes, seen, strict=True)]
 
     server = ServerDeps(chat, groups, live, router, moderation, notify, online,
-                        s.max_body) if s.api_key_list else None
+                        s.max_body, events) if s.api_key_list else None
     http = build_http(HttpDeps(name, verifier, chat, conversations,
                                groups, feed, live, metrics, healthy,
                                limits=HttpLimits.from_settings(s),
@@ -171,4 +182,4 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                                cors_origins=s.cors_origin_list, api_keys=s.api_key_list,
                                admit=moderation.admit, server=server))
     return App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
-               conversations, live, feed, registry, replay, sessions, http)
+               conversations, live, feed, registry, replay, sessions, http, events)

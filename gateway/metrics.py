@@ -21,6 +21,8 @@ class NodeMetrics:
         self.frames_in = Counter("im_frames_in_total", "Client frames received", ["op"],
                                  registry=r)
         self.errors = Counter("im_errors_total", "Error replies sent", ["code"], registry=r)
+        self.events = Counter("im_events_total", "Events out by type and outcome "
+                              "(published, retried, dropped)", ["type", "outcome"], registry=r)
         self.sanctions_unchecked = Counter(
             "im_sanctions_unchecked_total",
             "Handshakes and HTTP calls admitted without a ban/revocation check (Redis down)",

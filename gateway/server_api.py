@@ -24,6 +24,7 @@ from pydantic import Field, StrictInt
 from gateway.auth import check_user_id
 from gateway.chat import ChatService
 from gateway.errors import ProtocolError
+from gateway.events import Events
 from gateway.groups import GroupService
 from gateway.http_models import Id, Ok, UserId, _Body, errors
 from gateway.live import LiveRooms
@@ -55,6 +56,7 @@ class ServerDeps:
     # (devices on live nodes, last disconnect in unix s) of each user
     presence: Callable[[list[str]], Awaitable[list[tuple[int, int | None]]]]
     max_body: int
+    events: Events | None = None
 
 
 # -- bodies and answers ------------------------------------------------------------
@@ -127,9 +129,9 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
     async def server_send(req: ServerSend) -> dict[str, Any]:
         """A 1:1 message from ``from`` (a system account or any user): durable and
         idempotent by (``from``, ``cmid``) exactly like the WebSocket ``send``."""
-        result = await d.chat.send(req.from_, req.to, req.cmid,
-                                   encode_body(req.body, d.max_body))
-        push_sent(d.pusher, req.from_, req.to, result)
+        body = encode_body(req.body, d.max_body)
+        result = await d.chat.send(req.from_, req.to, req.cmid, body)
+        push_sent(d.pusher, d.events, req.from_, req.to, result, body)
         return {"mid": result.mid, "ts": result.ts}
 
     @app.post("/v1/server/group_send", response_model=GroupSent, responses=SERVER,

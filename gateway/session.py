@@ -31,6 +31,7 @@ from gateway.chat import ChatService, SendResult
 from gateway.config import Settings
 from gateway.conversations import Conversations
 from gateway.errors import ProtocolError
+from gateway.events import Events
 from gateway.groups import GroupService
 from gateway.hub import Client
 from gateway.live import LiveRooms
@@ -56,14 +57,22 @@ class Pusher(Protocol):
     def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None
                       ) -> None: ...
 
+    def is_alive(self, node: str, now: float) -> bool: ...
 
-def push_sent(pusher: Pusher, sender: str, to: str, result: SendResult,
-              skip_conn: int | None = None) -> None:
+
+def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, result: SendResult,
+              body: bytes, skip_conn: int | None = None) -> None:
     """After a 1:1 ack: the message to the receiver's devices and the sender's
-    others (nothing for a duplicate). The WebSocket and the server API share it."""
-    if result.frame is not None:
-        pusher.push(to, result.frame, result.receiver_routes)
-        pusher.push(sender, result.frame, result.sender_routes, skip_conn=skip_conn)
+    others (nothing for a duplicate), and ``offline.msg`` when the receiver has
+    no device on a live node. The WebSocket and the server API share it."""
+    if result.frame is None:
+        return
+    pusher.push(to, result.frame, result.receiver_routes)
+    pusher.push(sender, result.frame, result.sender_routes, skip_conn=skip_conn)
+    if events is not None:
+        now = time.time()
+        if not any(pusher.is_alive(n, now) for n in (result.receiver_routes or {}).values()):
+            events.offline_msg(to, result.mid, sender, sender, body)
 
 
 class Sessions:
@@ -72,7 +81,8 @@ class Sessions:
     def __init__(self, settings: Settings, registry: Registry, chat: ChatService,
                  groups: GroupService, conversations: Conversations, live: LiveRooms,
                  pusher: Pusher, metrics: NodeMetrics, draining: Callable[[], bool],
-                 verifier: TokenVerifier, moderation: Moderation) -> None:
+                 verifier: TokenVerifier, moderation: Moderation,
+                 events: Events | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.chat = chat
@@ -84,6 +94,7 @@ class Sessions:
         self.draining = draining
         self.verifier = verifier
         self.moderation = moderation
+        self.events = events
         self.limits = sc.SessionLimits(
             settings.max_body, settings.bad_frame_limit, settings.send_rate,
             settings.send_burst, op_rate=settings.op_rate, op_burst=settings.op_burst,
@@ -205,7 +216,8 @@ class Sessions:
         self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid,
                              "mid": result.mid, "ts": result.ts})
         self.metrics.send_latency.observe(time.perf_counter() - started)
-        push_sent(self.pusher, client.user, f.to, result, skip_conn=client.id)
+        push_sent(self.pusher, self.events, client.user, f.to, result, f.body,
+                  skip_conn=client.id)
 
     async def _group_send(self, client: Client, f: p.GroupSend) -> None:
         result = await self._guarded(

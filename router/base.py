@@ -75,6 +75,11 @@ class Broker(Binder, Protocol):
         """To every other node bound to ``room`` (never back to this one)."""
         ...
 
+    async def publish_event(self, key: str, body: bytes) -> None:
+        """One event to the durable topic exchange ``{ns}.events``, persistent;
+        returns once the broker confirmed it; ``BrokerUnavailable`` otherwise."""
+        ...
+
     def status(self) -> BrokerStatus:
         """The link's state now, from what the broker watches (no I/O)."""
         ...

@@ -19,11 +19,16 @@ class MemoryBroker:
         self.node = ""
         self.binds = 0
         self.unbinds = 0
+        self.events_dropped = 0
 
     @property
     def is_connected(self) -> bool:
         """Always: there is no link to lose."""
         return True
+
+    async def publish_event(self, key: str, body: bytes) -> None:
+        """No broker, no one to tell: events of a memory-broker node go nowhere."""
+        self.events_dropped += 1
 
     def status(self) -> BrokerStatus:
         return BrokerStatus(connected=True, node_index=0, reconnects=0, failovers=0)

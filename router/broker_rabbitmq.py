@@ -151,6 +151,9 @@ class RabbitMQBroker:
         self._exchanges = {
             "node": await channel.declare_exchange(f"{ns}.node", aio_pika.ExchangeType.DIRECT),
             "room": await channel.declare_exchange(f"{ns}.room", aio_pika.ExchangeType.DIRECT),
+            # Durable: the product binds its own durable queues to it (events out).
+            "events": await channel.declare_exchange(f"{ns}.events",
+                                                     aio_pika.ExchangeType.TOPIC, durable=True),
         }
         # A fresh name for each setup: the queue of the lost link may still be on
         # record (on a node that hangs, until the cluster declares it down), and
@@ -242,11 +245,17 @@ class RabbitMQBroker:
     async def publish_room(self, room: str, envelope: bytes) -> None:
         await self._publish("room", room, envelope)
 
-    async def _publish(self, kind: str, key: str, envelope: bytes) -> None:
+    async def publish_event(self, key: str, body: bytes) -> None:
+        await self._publish("events", key, body, persistent=True)
+
+    async def _publish(self, kind: str, key: str, envelope: bytes, *,
+                       persistent: bool = False) -> None:
         if not self.connected.is_set():
             raise BrokerUnavailable("not connected to RabbitMQ")
-        message = aio_pika.Message(envelope, app_id=self.node,
-                                   delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT)
+        mode = (aio_pika.DeliveryMode.PERSISTENT if persistent
+                else aio_pika.DeliveryMode.NOT_PERSISTENT)
+        message = aio_pika.Message(envelope, app_id=self.node, delivery_mode=mode,
+                                   content_type="application/json" if persistent else None)
         try:
             await self._exchanges[kind].publish(message, routing_key=key, timeout=5)
         except (TimeoutError, AMQPError, OSError, RuntimeError) as exc:

@@ -88,6 +88,10 @@ class Router:
         await self.broker.close()
 
     # -- liveness ------------------------------------------------------------
+    async def publish_event(self, key: str, body: bytes) -> None:
+        """An event out (``{ns}.events``), confirmed; ``BrokerUnavailable`` otherwise."""
+        await self.broker.publish_event(key, body)
+
     def broker_connected(self) -> bool:
         """Whether the broker link is up now: the broker's watched state, no I/O."""
         return self.broker.status().connected

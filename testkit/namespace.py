@@ -108,7 +108,7 @@ async def _delete_exchanges(amqp_url: str, ns: str) -> int:
                 raise
     try:
         channel = await conn.channel()
-        for kind in ("node", "room"):
+        for kind in ("node", "room", "events"):
             await channel.exchange_delete(f"{ns}.{kind}")
     finally:
         await conn.close()

@@ -76,6 +76,9 @@ class RecordingBroker:
     async def unbind_room(self, room: str) -> None:
         await self.inner.unbind_room(room)
 
+    async def publish_event(self, key: str, body: bytes) -> None:
+        self.published.append(("events", key, body))
+
     def status(self) -> BrokerStatus:
         return self.inner.status()
 

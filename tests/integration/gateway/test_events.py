@@ -1,0 +1,101 @@
+"""Events out (``{ns}.events``, durable topic exchange): ``offline.msg`` for each
+1:1 message stored for a user with no connected device, on the real RabbitMQ;
+published at least once across a broker outage, never delaying a send."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aio_pika
+import orjson
+import pytest
+
+from testkit.poll import until
+from tests.conftest import RUN_NS, base_settings, settle, uid
+from tests.integration.router.test_failover import amqp_port, amqp_through
+
+
+class EventQueue:
+    """A queue of the test's own bound to ``{RUN_NS}.events`` (``offline.#``),
+    as a product's offline-push service would bind one."""
+
+    def __init__(self, queue: aio_pika.abc.AbstractQueue) -> None:
+        self.queue = queue
+        self.seen: list[dict[str, Any]] = []
+
+    async def until(self, count: int, timeout: float = 15) -> list[dict[str, Any]]:
+        """Events until ``count`` of them arrived, or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while len(self.seen) < count and time.monotonic() < deadline:
+            msg = await self.queue.get(no_ack=True, fail=False)
+            if msg is None:
+                await asyncio.sleep(0.05)
+                continue
+            assert msg.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+            self.seen.append(orjson.loads(msg.body))
+        return self.seen
+
+
+@pytest.fixture
+async def events() -> AsyncIterator[EventQueue]:
+    conn = await aio_pika.connect(base_settings().amqp_url.split(",")[0].strip(), timeout=10)
+    try:
+        channel = await conn.channel()
+        exchange = await channel.declare_exchange(f"{RUN_NS}.events",
+                                                  aio_pika.ExchangeType.TOPIC, durable=True)
+        queue = await channel.declare_queue(exclusive=True)
+        await queue.bind(exchange, routing_key="offline.#")
+        yield EventQueue(queue)
+    finally:
+        await conn.close()
+
+
+async def test_one_offline_msg_per_message_to_an_offline_user_none_for_online(
+        make_node, connect, events):
+    a_node, b_node = await make_node(), await make_node()
+    await settle(a_node, b_node)
+    alice, bob, carol = uid("a"), uid("b"), uid("c")
+    ca = await connect(a_node, alice)
+    await connect(b_node, carol)  # online, on the other node
+    sent = [await ca.request("send", to=carol, cmid="c1", body="to carol")]
+    for i, body in enumerate(({"text": "x" * 150, "kind": "long"}, "second", [1, 2])):
+        sent.append(await ca.request("send", to=bob, cmid=f"b{i}", body=body))
+    # A resend of an acked cmid stores nothing, so no second event.
+    assert (await ca.request("send", to=bob, cmid="b0", body="again"))["mid"] == sent[1]["mid"]
+    got = await events.until(3)
+    # The outbox is in order: carol's event, had there been one, came first.
+    assert [e["user"] for e in got] == [bob, bob, bob]
+    assert [e["mid"] for e in got] == [r["mid"] for r in sent[1:]]
+    assert [e["unread"] for e in got] == [1, 2, 3]
+    assert [e["preview"] for e in got] == ["x" * 100, "second", None]
+    assert all(e["type"] == "offline.msg" and e["from"] == alice and e["conv"] == alice
+               and isinstance(e["ts"], int) for e in got)
+    assert len(await events.until(4, timeout=1.0)) == 3  # nothing more: no duplicate
+    assert a_node.metrics.events.labels("offline.msg", "published")._value.get() == 3
+
+
+async def test_events_survive_a_broker_outage_and_never_hold_a_send(make_node, connect,
+                                                                    proxy, events):
+    amqp = await proxy(amqp_port())
+    node = await make_node(amqp_url=amqp_through(amqp), heartbeat_s=0.5, heartbeat_ttl_s=2)
+    alice, bob = uid("a"), uid("b")
+    ca = await connect(node, alice)
+    first = await ca.request("send", to=bob, cmid="m0", body="before")
+    assert (await events.until(1))[0]["mid"] == first["mid"]
+    amqp.cut()
+    broker = node.app.router.broker
+    assert await until(lambda: not broker.status().connected, timeout=10)
+    during = [await ca.request("send", to=bob, cmid=f"m{i}", body=f"during {i}")
+              for i in range(1, 6)]
+    assert all(r["op"] == "ack" for r in during)  # sends never wait for the events
+    assert node.app.events.pending >= 1
+    amqp.restore()
+    got = await events.until(6, timeout=30)
+    mids = {e["mid"] for e in got}
+    assert mids == {first["mid"], *(r["mid"] for r in during)}  # at least once, none lost
+    dupes = len(got) - len(mids)
+    print(f"\nbroker outage: {len(during)} events held, {dupes} duplicates")
+    assert node.metrics.events.labels("offline.msg", "retried")._value.get() >= 1
