@@ -18,7 +18,6 @@ and groups share, and the one writer every frame to a socket goes through.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import itertools
 import logging
@@ -54,7 +53,7 @@ class Client:
     rooms: set[str] | None = None  # joined rooms; None while in none (memory)
     groups: set[str] | None = None  # groups this device gets pushes of; None while none
     stuck_since: float = 0.0  # monotonic time of the first skipped write; 0: not stuck
-    expiry: asyncio.TimerHandle | None = None  # closes it with 4001 when its token expires
+    expires: int = 0  # the second its token expires (gateway.expiry); 0: not tracked
     iat: float = 0.0  # its token's iat (0: none given): what a revocation compares
 
     def write(self, frame: bytes, limit: int) -> bool:
