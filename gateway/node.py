@@ -29,6 +29,7 @@ from gateway.http_api import build_metrics_http
 from gateway.http_guard import TimedH11Protocol
 from gateway.metrics import NodeMetrics
 from gateway.protocol import encode
+from router.amqp_urls import mask_password
 from store import Stores, open_stores
 from store.ports import LeaseKeeper, NodeLease
 from store.records import Beat, InboxLimits
@@ -324,12 +325,4 @@ class Node:
 def _safe_url(url: str) -> str:
     """The URL without its password, for messages; a comma-separated list of
     URLs (IM_AMQP_URL, IM_REDIS_URL seeds) with every one's password masked."""
-    masked = []
-    for one in url.split(","):
-        head, sep, tail = one.rpartition("@")
-        if not sep or ":" not in head.split("//", 1)[-1]:
-            masked.append(one)
-            continue
-        scheme, _, creds = head.partition("//")
-        masked.append(f"{scheme}//{creds.split(':', 1)[0]}:***@{tail}")
-    return ",".join(masked)
+    return ",".join(mask_password(one) for one in url.split(","))

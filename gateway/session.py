@@ -118,11 +118,9 @@ class Sessions:
         try:
             checked = self.verifier.check(token)
             await self.moderation.admit(checked)  # one Redis read per handshake
-        except ProtocolError as err:
+        except ProtocolError as err:  # (admit never raises Unavailable: it skips the check)
             status = HTTPStatus.FORBIDDEN if err.code == "forbidden" else HTTPStatus.UNAUTHORIZED
             return conn.respond(status, err.message + "\n")
-        except Unavailable:
-            return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "a dependency is down\n")
         user = checked.user
         if self.registry.connections_of(user) >= self.settings.max_conns_per_user:
             self.metrics.closed.labels("conn_cap").inc()
