@@ -45,13 +45,17 @@ class GroupRow(Generic[L]):
     mid: int
 
 
-def group_unread(seq: int, read_seq: int, from_seq: int) -> int:
-    """Messages of a group the member has not read, since it joined."""
-    return max(0, seq - max(read_seq, from_seq))
+def group_unread(seq: int, read_seq: int, from_seq: int,
+                 recalled: Sequence[int] = ()) -> int:
+    """Messages of a group the member has not read, since it joined; a recalled
+    seq in that range no longer counts."""
+    after = max(read_seq, from_seq)
+    return max(0, seq - after - sum(1 for r in recalled if after < r <= seq))
 
 
 def group_conversation_row(
-    group: str, seq: int, lastmid: int, last: L | None, from_seq: int, read_seq: int
+    group: str, seq: int, lastmid: int, last: L | None, from_seq: int, read_seq: int,
+    recalled: Sequence[int] = (),
 ) -> GroupRow[L]:
     """A member's row for a group in state (``seq``, ``lastmid``, ``last``).
 
@@ -59,7 +63,7 @@ def group_conversation_row(
     (``seq > from_seq``): a member never sees a message from before it joined.
     """
     shown = last if last and seq > from_seq else None
-    return GroupRow(f"g:{group}", group_unread(seq, read_seq, from_seq), shown,
+    return GroupRow(f"g:{group}", group_unread(seq, read_seq, from_seq, recalled), shown,
                     lastmid if shown is not None else 0)
 
 

@@ -1,4 +1,5 @@
-"""``python -m gateway serve`` runs a node; ``python -m gateway token USER`` prints a token."""
+"""``python -m gateway serve`` runs a node; ``python -m gateway token USER`` prints a token;
+``python -m gateway events --webhook URL`` relays events to a webhook (``router.webhook``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 from gateway.auth import SecretError, issue_token, with_secret
 from gateway.config import ConfigError, Settings
 from gateway.node import Node, StartupError
+from router import webhook
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     tok.add_argument("user")
     tok.add_argument("--ttl", type=int, default=None,
                      help="seconds until it expires (default: a day, at most IM_AUTH_MAX_TTL_S)")
+    _events_arguments(sub.add_parser(
+        "events", help="relay {IM_NAMESPACE}.events to a webhook (secret: IM_WEBHOOK_SECRET)"))
     args = parser.parse_args(argv)
+    if args.cmd == "events":  # needs no token secret: none of the nodes' settings but two
+        try:
+            nodes = Settings.from_env({k: v for k, v in os.environ.items()
+                                       if k in ("IM_NAMESPACE", "IM_AMQP_URL")})
+        except ConfigError as exc:
+            print(f"gateway: events: {exc}", file=sys.stderr)
+            return 2
+        return webhook.main(args, os.environ, namespace=nodes.namespace,
+                            amqp_url=nodes.amqp_url)
     try:
         settings, secret_file = with_secret(Settings.from_env())
     except (ConfigError, SecretError) as exc:
@@ -42,6 +56,23 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     return serve(settings, secret_file)
+
+
+def _events_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--webhook", required=True, metavar="URL", help="http(s) URL to POST to")
+    p.add_argument("--queue", help="the relay's durable queue (default: {IM_NAMESPACE}.webhook)")
+    p.add_argument("--bind", action="append", metavar="PATTERN",
+                   help="binding pattern on {IM_NAMESPACE}.events, repeatable (default: #)")
+    p.add_argument("--secret-file", metavar="PATH", help="HMAC secret (else IM_WEBHOOK_SECRET), "
+                   f"at least {webhook.MIN_SECRET} bytes")
+    for name, kind, default, what in (
+            ("--max-attempts", int, 10, "attempts before an event is dead-lettered"),
+            ("--max-delay", float, 30.0, "seconds between two attempts, at most"),
+            ("--timeout", float, 10.0, "seconds an HTTP attempt may take"),
+            ("--prefetch", int, 64, "deliveries RabbitMQ hands over ahead"),
+            ("--summary-every", float, 60.0, "seconds between summary lines")):
+        p.add_argument(name, type=kind, default=default, metavar="N" if kind is int else "SECONDS",
+                       help=f"{what} (default: {default})")
 
 
 def serve(settings: Settings, secret_file: Path | None = None) -> int:

@@ -14,7 +14,7 @@ node has its number and name.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from gateway.config import Settings
 from gateway.conversations import Conversations
 from gateway.events import Events
 from gateway.feed import FeedService, feed_frame
+from gateway.group_admin import GroupAdmin
 from gateway.group_presence import GroupPresence
 from gateway.grouphub import GroupHub
 from gateway.groups import GroupService
@@ -36,8 +37,12 @@ from gateway.http_api import HttpDeps, build_http
 from gateway.http_guard import HttpLimits
 from gateway.hub import Hub
 from gateway.live import LiveRooms
+from gateway.message_ops import MessageOps
 from gateway.metrics import NodeMetrics
 from gateway.moderation import Moderation
+from gateway.presence import PresenceQuery, PresenceWatch
+from gateway.presence_subs import PresenceSubs
+from gateway.protocol import encode
 from gateway.registry import Registry, Replay
 from gateway.rooms import RoomHub, RoomLimits
 from gateway.server_api import ServerDeps
@@ -47,6 +52,7 @@ from router.group_fanout import GroupDiffusion
 from router.routing import parse_key
 from router.timeline_fanout import TimelineFanout
 from store import Stores
+from store.ports import GroupCache, RouteStore
 
 __all__ = ["App", "compose"]
 
@@ -75,16 +81,26 @@ class App:
     sessions: Sessions
     http: FastAPI
     events: Events
+    presence: PresenceWatch
+    watchers: PresenceSubs
 
     async def start(self) -> None:
         """Connect to the broker (raises if it cannot), start background work."""
         await self.router.start()
         self.feed.start()
         self.events.start()
+        self.presence.start()
+
+    def beat(self, live: dict[str, float]) -> None:
+        """The live nodes' heartbeats, after each of this node's beats."""
+        self.router.set_live(live)
+        self.presence.beat(live)
 
     def key_in_use(self, key: str) -> bool:
         """Whether a broker routing key still has a local member."""
         kind, name = parse_key(key)
+        if kind == "presence":
+            return name in self.watchers.watchers
         return name in (self.group_hub.members if kind == "group" else self.room_hub.members)
 
     async def tick(self) -> None:
@@ -100,7 +116,8 @@ class App:
                 ("chat", self.chat.close),
                 ("rooms", self.live.close), ("groups", self.groups.close),
                 ("group loads", self.group_presence.close), ("feed", self.feed.close),
-                ("replay", self.replay.close), ("events", self.events.close),
+                ("replay", self.replay.close), ("presence", self.presence.close),
+                ("events", self.events.close),
                 ("broker", self.router.close)]
 
 
@@ -119,17 +136,24 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     bindings = Bindings(broker, metrics, s.room_unbind_delay_s, int(60 / s.room_report_s))
     presence = GroupPresence(group_hub, bindings, stores.group_cache, **batch)
     replay = Replay(hub, stores.offline, metrics)
-    async def on_control(users: list[str], ctl: dict[str, Any]) -> None:
-        """A control message for local devices: group membership, or moderation."""
-        if ctl.get("op") in ("close", "revoke"):
-            await moderation.apply_control(users, ctl)
-        elif ctl.get("op") in ("rmute", "runmute", "rkick"):
-            await live.apply_control(users, ctl)
-        else:
-            await presence.apply_control(users, ctl)
+    def on_control(users: list[str], ctl: dict[str, Any]) -> Awaitable[Any] | None:
+        """A control message for local devices (group membership, moderation, a
+        room's mute or kick), applied in memory now; the rest is returned."""
+        if ctl.get("op") in ("close", "revoke", "unban"):
+            return moderation.apply_control(users, ctl)
+        if ctl.get("op") in ("rmute", "runmute", "rkick"):
+            live.apply_control(users, ctl)
+            return None
+        return presence.apply_control(users, ctl)
 
+    def resumed(lost_at: float) -> None:
+        """The broker link is back: replay the pushes, publish the held events."""
+        replay.resumed(lost_at)
+        events.resume()
+
+    watchers = PresenceSubs(hub, bindings, s.presence_subs_max)
     router = Router(name, hub, broker, stores.routes, rooms=room_hub, groups=group_hub,
-                    on_control=on_control, on_resume=replay.resumed)
+                    presence=watchers, on_control=on_control, on_resume=resumed)
     moderation = Moderation(stores.sanctions, router, hub, s.auth_max_ttl_s,
                             metrics.sanctions_unchecked.inc)
     metrics.watch_broker(router.broker_status)
@@ -138,7 +162,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     chat = ChatService(claims, stores.messages, stores.offline, mids, s, metrics)
     diffusion = GroupDiffusion(stores.group_cache, stores.messages, stores.offline)
     groups = GroupService(stores.groups, stores.group_cache, claims, mids, diffusion,
-                          stores.offline, router, s, metrics)
+                          stores.offline, s, metrics)
+    group_admin = GroupAdmin(stores.groups, stores.group_cache, router, s)
     conversations = Conversations(chat, groups, s.sync_settle_ms)
     live = LiveRooms(name, s, metrics, room_hub, router, stores.rooms, bindings,
                      stores.sanctions)
@@ -147,17 +172,25 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                             queue_max=s.feed_queue_max)
     feed = FeedService(stores.follows, stores.posts, stores.timelines, stores.feed_cache,
                        stores.counters, fanout, mids, s)
-    registry = Registry(name, hub, stores.routes, presence, live, **batch)
-    verifier = TokenVerifier.from_settings(s)
-
-    async def unread_total(user: str) -> int:
-        return int((await conversations.conversations(user, 1))["total_unread"])
-
-    events = Events(router.publish_event, unread_total, s.event_types,
-                    pending_max=s.events_pending_max,
+    events = Events(name, router.publish_event,
+                    _EventSources(conversations, stores.group_cache, stores.routes, router),
+                    s.event_types, pending_max=s.events_pending_max,
                     count=lambda kind, outcome: metrics.events.labels(kind, outcome).inc())
+    def announce(user: str, online: bool, at_ms: int) -> None:
+        """A presence change this node settled: to the events and to the watchers."""
+        events.presence(user, online, at_ms)
+        router.publish_presence(user, encode({"op": "presence", "users": {
+            user: {"online": online, "last_seen": at_ms}}}))
+
+    watch = PresenceWatch(name, stores.presence, announce, lambda u: len(hub.users.get(u, ())),
+                          s.presence_grace_s)
+    registry = Registry(name, hub, stores.routes, presence, live, watch, watchers, **batch)
+    query = PresenceQuery(stores.routes, router.is_alive)
+    verifier = TokenVerifier.from_settings(s)
+    ops = MessageOps(conversations, chat, groups, router, s.recall_window_s,
+                     lambda g, conn: conn in (group_hub.members.get(g) or {}), watchers, query)
     sessions = Sessions(s, registry, chat, groups, conversations, live, router, metrics,
-                        draining, verifier, moderation, events)
+                        draining, verifier, moderation, ops, events)
 
     async def notify(users: list[str], frame: bytes) -> int:
         reached = 0
@@ -167,19 +200,37 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
             reached += sum(1 for node in r.values() if router.is_alive(node, now))
         return reached
 
-    async def online(users: list[str]) -> list[tuple[int, int | None]]:
-        now = time.time()
-        routes, seen = await stores.routes.lookup(users), await stores.routes.last_seen(users)
-        return [(sum(1 for node in r.values() if router.is_alive(node, now)), t)
-                for r, t in zip(routes, seen, strict=True)]
 
-    server = ServerDeps(chat, groups, live, router, moderation, notify, online,
+    server = ServerDeps(chat, groups, live, router, moderation, notify, query.devices,
                         s.max_body, events) if s.api_key_list else None
     http = build_http(HttpDeps(name, verifier, chat, conversations,
-                               groups, feed, live, metrics, healthy,
+                               group_admin, feed, live, metrics, healthy,
                                limits=HttpLimits.from_settings(s),
                                metrics_public=bool(s.metrics_public),
                                cors_origins=s.cors_origin_list, api_keys=s.api_key_list,
-                               admit=moderation.admit, server=server))
+                               admit=moderation.admit, server=server, ops=ops))
     return App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
-               conversations, live, feed, registry, replay, sessions, http, events)
+               conversations, live, feed, registry, replay, sessions, http, events, watch,
+               watchers)
+
+
+@dataclass(frozen=True)
+class _EventSources:
+    """What the events worker reads (``gateway.events.EventSources``)."""
+
+    conversations: Conversations
+    group_cache: GroupCache
+    routes: RouteStore
+    router: Router
+
+    async def unread(self, user: str) -> int:
+        return int((await self.conversations.conversations(user, 1))["total_unread"])
+
+    async def members(self, group: str) -> list[str]:
+        return (await self.group_cache.members([group])).get(group, [])
+
+    async def offline(self, users: Sequence[str]) -> list[str]:
+        now = time.time()
+        found = await self.routes.lookup(users)
+        return [u for u, r in zip(users, found, strict=True)
+                if not any(self.router.is_alive(n, now) for n in r.values())]

@@ -22,11 +22,11 @@ from core.paging import seek_page
 from gateway.claims import Claims
 from gateway.config import Settings
 from gateway.errors import ProtocolError
-from gateway.frames import frame_of, msg_frame
+from gateway.frames import frame_of, msg_frame, tombstone
 from gateway.metrics import NodeMetrics
 from gateway.protocol import encode
 from store.ports import MessageStore, OfflineStore
-from store.records import ChatMessage, ConversationRow, Delivery
+from store.records import ChatMessage, ConversationRow, Delivery, Erasure
 
 __all__ = ["ChatService", "IdSource", "SendResult"]
 
@@ -137,13 +137,39 @@ class ChatService:
         if page is not None and page.complete:
             return [(mid, orjson.Fragment(raw)) for mid, raw in page.rows]
         stored = await self.messages.box_page(user, after=since, limit=count)
-        return [(m.mid, frame_of(m)) for m in stored]
+        return [(m.mid, frame_of(m, user)) for m in stored]
 
     async def history(self, user: str, conv: str, before: int | None, limit: int
                       ) -> tuple[list[dict[str, Any]], int | None]:
         stored = await self.messages.box_page(user, conv=conv, before=before, limit=limit + 1)
         page, cursor = seek_page(stored, limit, lambda m: m.mid)
-        return [frame_of(m) for m in page], cursor
+        return [frame_of(m, user) for m in page], cursor
+
+    # -- recall, delete for me ------------------------------------------------------
+    async def recall(self, user: str, mid: int) -> ChatMessage:
+        """``user``'s 1:1 message ``mid`` becomes a tombstone: MongoDB first (the
+        truth), then both users' Redis views (unread fixed where it counted)."""
+        m = await self.messages.recall(mid, user)
+        if m is None:
+            if await self.messages.sender_of(mid) is None:
+                raise ProtocolError("not_found", "no such message")
+            raise ProtocolError("forbidden", "only the sender may recall a message")
+        await self.offline.erase([
+            Erasure(m.sender, m.to, mid, True, encode(tombstone(m, m.to))),
+            Erasure(m.to, m.sender, mid, True, encode(tombstone(m, m.sender)))])
+        return m
+
+    async def forget(self, user: str, mid: int) -> str:
+        """``mid`` out of ``user``'s box only (the peer keeps it); its conversation."""
+        conv = await self.messages.forget(user, mid)
+        if conv is None:
+            raise ProtocolError("not_found", "no such message in your box")
+        left = await self.messages.box_page(user, conv=conv, limit=1)
+        newest = left[0] if left else None
+        await self.offline.erase([Erasure(
+            user, conv, mid, False, encode(frame_of(newest, user)) if newest else b"",
+            newest.mid if newest else 0)])
+        return conv
 
     async def conversation_rows(self, user: str, limit: int
                                 ) -> tuple[int, list[tuple[int, dict[str, Any]]]]:

@@ -99,12 +99,16 @@ class Settings:
     metrics_public: int = 0  # 1: also serve /metrics on the API port
     cors_origins: str = ""  # comma-separated origins whose browsers may call the HTTP API
     api_keys: str = ""  # comma-separated keys of the server API (/v1/server/*); "": off
-    events: str = "offline,presence"  # event types (or prefixes) published to {ns}.events
+    events: str = "offline,presence"  # event types (or prefixes) to {ns}.events; none: no events
     events_pending_max: int = 10_000  # events waiting for the broker before new ones drop
+    recall_window_s: float = 120.0  # a sender may recall a message this long after sending
+    presence_subs_max: int = 1000  # users one connection may watch (presence_sub)
+    presence_grace_s: float = 5.0  # a user is offline once no device was back for this long
 
     @property
     def event_types(self) -> tuple[str, ...]:
-        return tuple(t.strip() for t in self.events.split(",") if t.strip())
+        return tuple(t.strip() for t in self.events.split(",")
+                     if t.strip() and t.strip() != "none")
 
     @property
     def api_key_list(self) -> tuple[str, ...]:
@@ -153,7 +157,8 @@ class Settings:
                      "room_window_ms", "room_buffer_max", "room_pending_max",
                      "room_max_per_conn", "room_report_s", "room_refresh_s", "stuck_close_s",
                      "feed_timeline_max", "feed_text_max", "feed_queue_max",
-                     "events_pending_max"):
+                     "events_pending_max", "presence_grace_s", "recall_window_s",
+                     "presence_subs_max"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s",

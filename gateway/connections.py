@@ -52,6 +52,7 @@ class Client:
     tasks: set[Any] | None = None  # in-flight ops; None until the first (memory)
     rooms: set[str] | None = None  # joined rooms; None while in none (memory)
     groups: set[str] | None = None  # groups this device gets pushes of; None while none
+    watching: set[str] | None = None  # users whose presence it watches; None while none
     stuck_since: float = 0.0  # monotonic time of the first skipped write; 0: not stuck
     expires: int = 0  # the second its token expires (gateway.expiry); 0: not tracked
     iat: float = 0.0  # its token's iat (0: none given): what a revocation compares
@@ -95,7 +96,7 @@ class ConnectionIndex(Generic[K]):
     it is under none). Nothing here is proportional to the number of keys.
     """
 
-    def __init__(self, slot: Literal["rooms", "groups"]) -> None:
+    def __init__(self, slot: Literal["rooms", "groups", "watching"]) -> None:
         self._slot = slot
         self._conns: dict[K, dict[int, Client]] = {}
         self.memberships = 0  # (key, connection) pairs

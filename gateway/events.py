@@ -2,13 +2,20 @@
 exchange ``{IM_NAMESPACE}.events``, persistent and publisher-confirmed, for the
 product's own services (its offline-push service binds ``offline.#``).
 
-Built so far: ``offline.msg``, one per 1:1 message stored for a receiver with
-no device connected to a live node. A send only queues the event (never
-awaits, never fails): a bounded outbox (``IM_EVENTS_PENDING_MAX``) that a
-worker drains in order, reading each user's unread total just before
-publishing, and retrying with backoff while the broker does not take it. A
-full outbox drops the newest event and counts it; delivery is at least once
-(a publish whose confirm was lost is sent again).
+- ``offline.msg``: per recipient with no device connected to a live node, for
+  a 1:1 message and for a message of a write-diffusion group;
+- ``offline.group``: one per message of a read-diffusion group (the product
+  knows its members; the gateway never walks a big group for it);
+- ``presence.online`` / ``presence.offline`` (``gateway.presence``).
+
+A send only queues an entry (never awaits, never fails): a bounded outbox
+(``IM_EVENTS_PENDING_MAX``) that one worker drains in order, a batch of
+entries' events pipelined on the channel at a time. The worker does
+the look-ups an event needs off the send path (which members of a group are
+offline, each user's unread total just before publishing) and retries with
+backoff while the broker or Redis does not answer. A full outbox drops the
+newest entry and counts it; delivery is at least once (a publish whose
+confirm was lost is sent again).
 """
 
 from __future__ import annotations
@@ -18,17 +25,18 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import orjson
 
-__all__ = ["Events", "preview"]
+__all__ = ["EventSources", "Events", "preview"]
 
 log = logging.getLogger("gateway.events")
 PREVIEW_CHARS = 100
 BATCH = 64
+LOOKUPS = 64  # unread totals read at once
 
 
 def preview(body: bytes) -> str | None:
@@ -42,29 +50,56 @@ def preview(body: bytes) -> str | None:
     return value[:PREVIEW_CHARS] if isinstance(value, str) else None
 
 
-@dataclass(frozen=True, slots=True)
-class _OfflineMsg:
-    user: str
-    mid: int
-    sender: str
-    conv: str
-    body: bytes
+class EventSources(Protocol):
+    """What the worker reads to complete events (composed in ``gateway.app``)."""
+
+    async def unread(self, user: str) -> int: ...
+
+    async def members(self, group: str) -> list[str]: ...
+
+    async def offline(self, users: Sequence[str]) -> list[str]:
+        """Those of ``users`` with no device connected to a live node."""
+        ...
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One outbox entry: the events it makes are found when it reaches the head
+    (``users`` of an ``offline.msg`` entry: its recipients, each an event)."""
+
+    kind: str  # offline.msg | offline.group | presence.online | presence.offline
+    fields: dict[str, Any]
+    id: str = ""  # node name + sequence: the same on every retry (consumers dedupe on it)
+    users: list[str] | None = None  # offline.msg: recipients, or None: find (group)
+    group: str | None = None
+    sent: int = 0  # events of this entry already confirmed (a retry goes on from here)
+    ts: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    @property
+    def done(self) -> bool:
+        """Every event of the entry confirmed (a group's recipients once found)."""
+        if self.kind != "offline.msg":
+            return self.sent >= 1
+        return self.users is not None and self.sent >= len(self.users)
 
 
 class Events:
     """The node's outbox of events and its worker."""
 
-    def __init__(self, publish: Callable[[str, bytes], Awaitable[None]],
-                 unread: Callable[[str], Awaitable[int]], wanted: tuple[str, ...], *,
+    def __init__(self, node: str, publish: Callable[[str, bytes, str], Awaitable[None]],
+                 sources: EventSources, wanted: tuple[str, ...], *,
                  pending_max: int = 10_000,
                  count: Callable[[str, str], None] = lambda _type, _outcome: None) -> None:
-        self.publish = publish
-        self.unread = unread
+        self.node = node
+        self.publish = publish  # (routing key, body, event id), confirmed by the broker
+        self.sources = sources
         self.wanted = wanted
         self.pending_max = pending_max
         self.count = count
-        self._queue: collections.deque[_OfflineMsg] = collections.deque()
+        self._queue: collections.deque[_Entry] = collections.deque()
         self._ready = asyncio.Event()
+        self._resumed = asyncio.Event()
+        self._made = 0
         self._task: asyncio.Task[None] | None = None
 
     def wants(self, kind: str) -> bool:
@@ -75,18 +110,45 @@ class Events:
     def pending(self) -> int:
         return len(self._queue)
 
+    # -- queueing (never awaits) ---------------------------------------------------
     def offline_msg(self, user: str, mid: int, sender: str, conv: str, body: bytes) -> None:
-        """Queue ``offline.msg`` for ``user`` (never awaits)."""
-        if not self.wants("offline.msg"):
-            return
+        """``offline.msg`` for ``user``, who has no device on a live node."""
+        if self.wants("offline.msg"):
+            self._put(_Entry("offline.msg", {"mid": mid, "from": sender, "conv": conv,
+                                             "preview": preview(body)}, users=[user]))
+
+    def group_msg(self, group: str, mid: int, seq: int, sender: str, body: bytes, *,
+                  diffused: bool) -> None:
+        """A group message: ``offline.msg`` for each offline member of a
+        write-diffusion group (found by the worker), or one ``offline.group``."""
+        fields = {"mid": mid, "from": sender, "conv": f"g:{group}", "group": group, "seq": seq,
+                  "preview": preview(body)}
+        if diffused and self.wants("offline.msg"):
+            self._put(_Entry("offline.msg", fields, group=group))
+        elif not diffused and self.wants("offline.group"):
+            self._put(_Entry("offline.group", fields))
+
+    def presence(self, user: str, online: bool, at_ms: int) -> None:
+        kind = "presence.online" if online else "presence.offline"
+        if self.wants(kind):
+            self._put(_Entry(kind, {"user": user}, ts=at_ms))
+
+    def _put(self, entry: _Entry) -> None:
         if len(self._queue) >= self.pending_max:
-            self.count("offline.msg", "dropped")
+            self.count(entry.kind, "dropped")
             return
-        self._queue.append(_OfflineMsg(user, mid, sender, conv, body))
+        self._made += 1
+        entry.id = f"{self.node}.{self._made}"
+        self._queue.append(entry)
         self._ready.set()
 
+    # -- the worker ------------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
+
+    def resume(self) -> None:
+        """The broker link is back: retry now rather than after the backoff."""
+        self._resumed.set()
 
     async def close(self) -> None:
         if self._task is not None:
@@ -105,27 +167,64 @@ class Events:
             try:
                 await self._send(batch)
             except Exception as exc:  # noqa: BLE001 - retried: the broker, or Redis, is down
-                self.count("offline.msg", "retried")
+                self.count(self._queue[0].kind, "retried")  # the head is the one that failed
                 log.warning("events not published yet (%d pending): %s", len(self._queue),
                             type(exc).__name__)
-                await asyncio.sleep(delay)
+                self._resumed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._resumed.wait()
                 delay = min(delay * 2, 5.0)
                 continue
             delay = 0.2
 
-    async def _send(self, batch: list[_OfflineMsg]) -> None:
-        """Publish in order, each leaving the outbox once the broker confirmed it;
-        a failure stops the batch (the rest is retried; one whose confirm was
-        lost is sent again: at least once)."""
-        totals: dict[str, int] = {}
+    async def _send(self, batch: list[_Entry]) -> None:
+        """Publish the batch's events at once (pipelined on the channel: the broker
+        keeps their order) and let entries leave the outbox, in order, once all
+        their events are confirmed; at the first unconfirmed event the rest is
+        retried from there (an event confirmed after it is sent again: at least
+        once)."""
         for e in batch:
-            if e.user not in totals:
-                totals[e.user] = await self.unread(e.user)
+            if e.users is None and e.group is not None:
+                members = await self.sources.members(e.group)
+                e.users = await self.sources.offline(
+                    [u for u in members if u != e.fields["from"]])
+        totals = await self._unread({u for e in batch if e.kind == "offline.msg"
+                                     for u in e.users or ()})
+        events: list[tuple[_Entry, dict[str, Any], str]] = []
         for e in batch:
-            event: dict[str, Any] = {"type": "offline.msg", "ts": int(time.time() * 1000),
-                                     "user": e.user, "mid": e.mid, "from": e.sender,
-                                     "conv": e.conv, "preview": preview(e.body),
-                                     "unread": totals[e.user]}
-            await self.publish("offline.msg", orjson.dumps(event))
+            if e.kind != "offline.msg":
+                events.append((e, e.fields, e.id))
+                continue
+            users = e.users or []
+            for i in range(e.sent, len(users)):
+                events.append((e, {"user": users[i], **e.fields, "unread": totals[users[i]]},
+                               e.id if e.group is None else f"{e.id}.{i}"))
+        results = await asyncio.gather(*(self._publish(e, fields, event_id)
+                                         for e, fields, event_id in events),
+                                       return_exceptions=True)
+        failed: BaseException | None = None
+        for (e, _, _), result in zip(events, results, strict=True):
+            if isinstance(result, BaseException):
+                failed = result
+                break
+            e.sent += 1
+        while self._queue and self._queue[0].done:  # in order, up to the first not confirmed
             self._queue.popleft()
-            self.count("offline.msg", "published")
+        if failed is not None:
+            raise failed
+
+    async def _unread(self, users: set[str]) -> dict[str, int]:
+        order = list(users)
+        totals: dict[str, int] = {}
+        for i in range(0, len(order), LOOKUPS):
+            chunk = order[i:i + LOOKUPS]
+            for user, n in zip(chunk, await asyncio.gather(
+                    *(self.sources.unread(u) for u in chunk)), strict=True):
+                totals[user] = n
+        return totals
+
+    async def _publish(self, e: _Entry, fields: dict[str, Any], event_id: str) -> None:
+        body = orjson.dumps({"type": e.kind, "id": event_id, "ts": e.ts, **fields})
+        await self.publish(e.kind, body, event_id)
+        self.count(e.kind, "published")

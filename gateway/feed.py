@@ -29,6 +29,8 @@ from core import timeline
 from core.errors import Unavailable
 from core.ids import mid_time_ms
 from core.paging import seek_page
+from core.seek_cursor import BadCursor, decode_cursor, encode_cursor
+from gateway.auth import check_user_id
 from gateway.chat import IdSource
 from gateway.config import Settings
 from gateway.errors import ProtocolError
@@ -39,6 +41,7 @@ from store.ports import CounterStore, FeedCache, FollowStore, PostStore, Timelin
 __all__ = ["FeedService", "feed_frame"]
 
 log = logging.getLogger("gateway.feed")
+FRIENDS_SCAN = 200  # following ids read per round of a friends page
 
 
 def feed_frame(doc: dict[str, Any]) -> bytes:
@@ -104,6 +107,39 @@ class FeedService:
         page, nxt = seek_page(ids, limit, lambda u: u)
         return {"users": page, "cursor": nxt}
 
+    async def relation(self, user: str, other: str) -> dict[str, bool]:
+        """Between ``user`` and ``other``: two point look-ups, one round trip."""
+        found = await self.follows.existing([(user, other), (other, user)])
+        following, followed_by = (user, other) in found, (other, user) in found
+        return {"following": following, "followed_by": followed_by,
+                "friends": following and followed_by}
+
+    async def friends(self, user: str, cursor: str | None, limit: int) -> dict[str, Any]:
+        """Mutual follows of ``user`` by id, seek-paginated on the following list.
+
+        A page reads who ``user`` follows ``FRIENDS_SCAN`` ids at a time (the
+        ``(a, b)`` index) and keeps those who follow back (one ``_id`` ``$in``
+        look-up of the chunk's reverse edges) until ``limit + 1`` are found or
+        the list ends: at most F // 200 + 1 rounds of two indexed queries, F
+        the following count (at most ``IM_FEED_FOLLOW_MAX``), whatever the
+        follower count. Past the cap (follows in flight) a page stops after
+        that many entries and its cursor resumes the scan, so a page may then
+        hold fewer than ``limit`` users with a cursor."""
+        scope = f"friends:{user}"
+        after = _seek_key(scope, cursor)
+        found: list[str] = []
+        for _ in range(self.settings.feed_follow_max // FRIENDS_SCAN + 1):
+            chunk = await self.follows.page_ids("following", user, after, FRIENDS_SCAN)
+            back = await self.follows.existing([(x, user) for x in chunk])
+            found += [x for x in chunk if (x, user) in back]
+            if len(found) > limit:
+                return {"users": found[:limit],
+                        "cursor": encode_cursor(scope, found[limit - 1])}
+            if len(chunk) < FRIENDS_SCAN:
+                return {"users": found, "cursor": None}
+            after = chunk[-1]
+        return {"users": found, "cursor": encode_cursor(scope, after) if after else None}
+
     # -- posts -----------------------------------------------------------------------
     async def create(self, author: str, text: str, repost_of: int | None,
                      reply_to: int | None) -> dict[str, Any]:
@@ -150,20 +186,36 @@ class FeedService:
             await self.fanout.enqueue(post)
         return (await self.shape([doc]))[0]
 
-    async def delete(self, user: str, post: int) -> None:
+    async def _live(self, post: int) -> dict[str, Any]:
+        """The post's document; not_found if it never existed or is deleted."""
         doc = (await self.posts.get_posts([post])).get(post)
         if doc is None or doc.get("deleted"):
             raise ProtocolError("not_found", "no such post")
+        return doc
+
+    async def delete(self, user: str, post: int) -> None:
+        doc = await self._live(post)
         if doc["author"] != user:
             raise ProtocolError("forbidden", "only the author may delete a post")
         await self.posts.delete_post(post)
 
     async def like(self, user: str, post: int) -> None:
-        doc = (await self.posts.get_posts([post])).get(post)
-        if doc is None or doc.get("deleted"):
-            raise ProtocolError("not_found", "no such post")
+        await self._live(post)
         if await self.posts.like(post, user):
             await self.counters.bump(post, "l")
+
+    async def unlike(self, user: str, post: int) -> None:
+        """The count moves only for the caller whose delete removed the like:
+        like and unlike each move it by one per transition of the ``likes``
+        row, so concurrent calls of one user end at 1 if the row is there,
+        else 0."""
+        await self._live(post)
+        if await self.posts.unlike(post, user):
+            await self.counters.bump(post, "l", -1)
+
+    async def post(self, post: int) -> dict[str, Any]:
+        """One live post in the timeline's shape (a repost carries ``original``)."""
+        return (await self.shape([await self._live(post)]))[0]
 
     async def shape(self, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The post shape, counts from Redis (one round trip for the page); a
@@ -176,7 +228,8 @@ class FeedService:
         def one(d: dict[str, Any]) -> dict[str, Any]:
             return {"id": d["_id"], "author": d["author"], "text": d["text"], "ts": d["ts"],
                     "repost_of": d.get("repost_of"), "reply_to": d.get("reply_to"),
-                    "counts": counts[d["_id"]]}
+                    # an unlike's -1 can land just before its like's +1: never shown
+                    "counts": {k: max(0, n) for k, n in counts[d["_id"]].items()}}
 
         out = []
         for d in docs:
@@ -259,6 +312,20 @@ class FeedService:
             if floor is not None:
                 await self.cache.set_floor(user, floor)
             await self.cache.trimmed(user, keep)
+
+
+def _seek_key(scope: str, cursor: str | None) -> str | None:
+    """The user id a friends cursor resumes after; bad_request unless this list
+    handed it out."""
+    if cursor is None:
+        return None
+    try:
+        key = decode_cursor(scope, cursor)
+    except BadCursor as exc:
+        raise ProtocolError("bad_request", "cursor: not a cursor of this list") from exc
+    if check_user_id(key) is not None:
+        raise ProtocolError("bad_request", "cursor: not a cursor of this list")
+    return key
 
 
 def _is_unicode(text: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from core.batcher import Batcher
@@ -55,17 +56,22 @@ class GroupPresence:
         for g in self.ghub.remove_all(client):
             self.bindings.idle(group_key(g), now)
 
-    async def apply_control(self, users: list[str], ctl: dict[str, Any]) -> None:
-        """A membership change for these users' local devices."""
+    def apply_control(self, users: list[str], ctl: dict[str, Any]) -> Awaitable[None] | None:
+        """A membership change for these users' local devices, in the group map
+        at once (a group message queued behind the control sees it); returned:
+        binding the group's key after a ``gadd``."""
         group, op = ctl.get("g"), ctl.get("op")
         if not isinstance(group, str):
-            return
+            return None
+        joined = False
         for user in users:
             for client in self.ghub.user_devices(user):
                 if op == "gadd":
-                    await self._join(client, [group])
+                    self.ghub.add(client, group)
+                    joined = True
                 elif op == "gdel" and self.ghub.remove(client, group):
                     self.bindings.idle(group_key(group), time.monotonic())
+        return self.bindings.ensure(group_key(group)) if joined else None
 
     async def close(self) -> None:
         await self._loads.close()

@@ -1,4 +1,5 @@
-"""Group chat: membership, the send path with per-group seq, unread, reads.
+"""Group chat: the send path with per-group seq, unread, reads, history.
+(Membership, name, owner and dissolve are ``gateway.group_admin``.)
 
 Send: member? -> dedup on (sender, cmid) -> mid -> (batched) seqs from the
 group's counter in MongoDB (one ``$inc`` per group per batch) -> one copy of
@@ -17,10 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -36,19 +36,13 @@ from gateway.errors import ProtocolError
 from gateway.frames import encode_group, group_frame
 from gateway.metrics import NodeMetrics
 from router.group_fanout import GroupDiffusion
+from store.errors import GroupGone
 from store.ports import GroupCache, GroupStore, OfflineStore
-from store.records import GroupMessage
+from store.records import Erasure, GroupMessage, Membership
 
-__all__ = ["ControlSender", "GroupSendResult", "GroupService"]
+__all__ = ["GroupSendResult", "GroupService"]
 
 log = logging.getLogger("gateway.groups")
-
-
-class ControlSender(Protocol):
-    """Applies a membership change to the users' devices on every node
-    (``router.Router.tell``) and returns once it has taken effect."""
-
-    async def tell(self, users: list[str], ctl: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +51,7 @@ class GroupSendResult:
     seq: int
     ts: int
     frame: bytes | None  # None for a duplicate: nothing new to push
+    diffused: bool = False  # write diffusion: each member got a box entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,16 +73,14 @@ class GroupService:
     """Groups for one node; knows nothing of sockets."""
 
     def __init__(self, store: GroupStore, cache: GroupCache, claims: Claims, mids: IdSource,
-                 diffusion: GroupDiffusion, offline: OfflineStore, control: ControlSender,
-                 settings: Settings, metrics: NodeMetrics) -> None:
+                 diffusion: GroupDiffusion, offline: OfflineStore, settings: Settings,
+                 metrics: NodeMetrics) -> None:
         self.store = store
         self.cache = cache
         self.claims = claims
         self.mids = mids
         self.diffusion = diffusion
         self.offline = offline
-        self.control = control
-        self.max_members = settings.group_max_members
         self.wd_max = settings.group_write_diffusion_max
         self._writes: Batcher[_Pending, _Stored] = Batcher(
             self._flush, name="mongo", max_batch=settings.batch_max,
@@ -95,55 +88,18 @@ class GroupService:
             observe=metrics.stage_observer("group"))
         self._repairs: set[asyncio.Task[None]] = set()
 
-    # -- membership (HTTP) -----------------------------------------------------
-    async def create(self, owner: str, name: str, members: list[str]) -> str:
-        users = list(dict.fromkeys([owner, *members]))
-        self._check_size(len(users))
-        group = secrets.token_hex(8)
-        await self.store.create(group, name, owner, users)
-        await self.cache.added(group, users, 0, complete=True)
-        await self.cache.created(group)
-        await self.control.tell(users, {"op": "gadd", "g": group})
-        return group
-
-    async def add(self, caller: str, group: str, users: list[str]) -> None:
-        doc = await self._owned(caller, group)
-        self._check_size(int(doc.get("size", 0)) + len(users))
-        added, seq = await self.store.add_members(group, list(dict.fromkeys(users)))
-        if added:
-            await self.cache.added(group, added, seq)
-            await self.control.tell(added, {"op": "gadd", "g": group})
-
-    async def remove(self, caller: str, group: str, user: str) -> None:
-        doc = await self._owned(caller, group)
-        if user == doc["owner"]:
-            raise ProtocolError("bad_request", "the owner cannot be removed")
-        if await self.store.remove_member(group, user):
-            await self.cache.removed(group, user)
-            await self.control.tell([user], {"op": "gdel", "g": group})
-
-    def _check_size(self, n: int) -> None:
-        if n > self.max_members:
-            raise ProtocolError("bad_request", f"a group has at most {self.max_members} members")
-
-    async def _owned(self, caller: str, group: str) -> dict[str, Any]:
-        doc = await self.store.get(group)
-        if doc is None:
-            raise ProtocolError("not_found", "no such group")
-        if doc["owner"] != caller:
-            raise ProtocolError("forbidden", "only the group's owner may change its members")
-        return doc
-
     # -- send ----------------------------------------------------------------------
     async def send(self, sender: str, group: str, cmid: str, body: Any, *,
                    as_server: bool = False) -> GroupSendResult:
         """``as_server``: the product's backend sends as ``sender``, who need not
-        be a member (the group must exist)."""
-        if as_server:
-            if await self.store.get(group) is None:
+        be a member (the group must exist). A dissolved group is ``not_found``:
+        here when it is seen, else when its seq is allocated (``_flush``)."""
+        if as_server or not await self.cache.is_member(group, sender):
+            doc = await self.store.get(group)
+            if doc is None or doc.get("dissolved"):
                 raise ProtocolError("not_found", "no such group")
-        elif not await self.cache.is_member(group, sender):
-            raise ProtocolError("forbidden", "not a member of this group")
+            if not as_server:
+                raise ProtocolError("forbidden", "not a member of this group")
         mid = self.mids.next()
         prior = await self.claims.claim(sender, cmid, mid)
         if prior is not None:
@@ -154,7 +110,7 @@ class GroupService:
             mid = prior.mid
         done = await self._writes.submit(_Pending(group, sender, cmid, body, mid))
         m = done.msg
-        return GroupSendResult(m.mid, m.seq, mid_time_ms(m.mid), done.frame)
+        return GroupSendResult(m.mid, m.seq, mid_time_ms(m.mid), done.frame, m.wd)
 
     async def _flush(self, items: list[_Pending]) -> list[_Stored | BaseException]:
         by_group = groupseq.by_group([it.group for it in items])
@@ -169,8 +125,9 @@ class GroupService:
         where: list[int] = []
         for (g, idx), end in zip(by_group.items(), ends, strict=True):
             if isinstance(end, BaseException):
-                for i in idx:
-                    out[i] = end
+                for i in idx:  # dissolved: nothing taken, nothing stored
+                    out[i] = (ProtocolError("not_found", "no such group")
+                              if isinstance(end, GroupGone) else end)
                 continue
             for i, seq in groupseq.assign(idx, end):
                 it = items[i]
@@ -243,9 +200,31 @@ class GroupService:
         if self._repairs:
             await asyncio.wait(self._repairs, timeout=5)
 
+    # -- recall ----------------------------------------------------------------------
+    async def recall(self, user: str, mid: int) -> GroupMessage:
+        """``user``'s group message ``mid`` becomes a tombstone: MongoDB first (the
+        truth), then the group's state (members' unread leaves it out) and, for
+        a write-diffusion group, each member's offline entry (one round trip)."""
+        m = await self.store.recall(mid, user)
+        if m is None:
+            if await self.store.sender_of(mid) is None:
+                raise ProtocolError("not_found", "no such message")
+            raise ProtocolError("forbidden", "only the sender may recall a message")
+        tomb = encode_group(m)
+        await self.cache.recalled(m.group, m.seq, m.mid, tomb)
+        if m.wd:
+            members = (await self.cache.members([m.group])).get(m.group, [])
+            await self.offline.erase([Erasure(u, f"g:{m.group}", mid, True, tomb)
+                                      for u in members])
+        return m
+
     # -- reading ---------------------------------------------------------------------
-    async def _membership(self, user: str, group: str) -> tuple[int, int]:
-        mine = (await self.cache.user_groups(user)).get(group)
+    async def _membership(self, user: str, group: str, *, former: bool = False
+                          ) -> tuple[int, int]:
+        """``former``: a member of a group since dissolved counts (history)."""
+        mine: Membership | None = (await self.cache.user_groups(user)).get(group)
+        if mine is None and former:
+            mine = await self.store.former(group, user)
         if mine is None:
             raise ProtocolError("forbidden", "not a member of this group")
         return mine.from_seq, mine.read_seq
@@ -261,11 +240,11 @@ class GroupService:
             raise ProtocolError("forbidden", "not a member of this group")
         await self.store.set_reads([(user, group, read)])
         state = (await self.cache.states([group]))[group]
-        return inbox.group_unread(state.seq, read, from_seq)
+        return inbox.group_unread(state.seq, read, from_seq, state.recalled)
 
     async def history(self, user: str, group: str, before: int | None, limit: int
                       ) -> tuple[list[dict[str, Any]], int | None]:
-        from_seq, _ = await self._membership(user, group)
+        from_seq, _ = await self._membership(user, group, former=True)
         msgs = await self.store.page(group, from_seq=from_seq, before=before, limit=limit + 1)
         page, cursor = seek_page(msgs, limit, lambda m: m.mid)
         return [group_frame(m) for m in page], cursor
@@ -295,7 +274,8 @@ class GroupService:
         rows: list[tuple[int, dict[str, Any]]] = []
         for g, st in states.items():
             row = inbox.group_conversation_row(g, st.seq, st.lastmid, st.last,
-                                               mine[g].from_seq, mine[g].read_seq)
+                                               mine[g].from_seq, mine[g].read_seq,
+                                               st.recalled)
             total += row.unread
             last = orjson.Fragment(row.last) if row.last else None
             rows.append((row.mid, {"conv": row.conv, "unread": row.unread, "last": last}))

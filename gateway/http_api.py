@@ -1,5 +1,7 @@
 """The HTTP API (FastAPI): offline sync, conversations, history, groups, rooms, the
-feed, health; ``/metrics`` on its own listener (``build_metrics_http``).
+feed (its routes in ``gateway.http_feed``, the groups' in ``gateway.http_groups``),
+health; ``/metrics`` on its own listener (``build_metrics_http``). Route modules
+share ``gateway.http_common``.
 
 Every ``/v1/`` call passes ``gateway.http_guard.HttpGuard`` first (token,
 rate, body limit, before the body is read); the route takes the caller from
@@ -17,11 +19,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import orjson
-from fastapi import Depends, FastAPI, Path, Query, Request, Security
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match
@@ -34,74 +34,35 @@ from gateway.chat import ChatService
 from gateway.conversations import Conversations
 from gateway.errors import HTTP_STATUS, ProtocolError
 from gateway.feed import FeedService
-from gateway.groups import GroupService
-from gateway.http_guard import USER_KEY, HttpGuard, HttpLimits, error_bytes
+from gateway.group_admin import GroupAdmin
+from gateway.http_common import JSON, READ, WRITE, Limit, User, UserList, user_list
+from gateway.http_common import ok as _ok
+from gateway.http_feed import install_feed
+from gateway.http_groups import install_groups
+from gateway.http_guard import HttpGuard, HttpLimits, error_bytes
 from gateway.http_models import (
     ConversationList,
-    GroupCreated,
     Health,
     HistoryPage,
     Id,
-    NewGroup,
-    NewMembers,
-    NewPost,
     Ok,
-    PostOut,
-    PostPage,
-    Profile,
+    PresenceStates,
     ReadMark,
     RoomOnline,
     SyncAck,
     SyncPage,
-    UserId,
-    UserPage,
     errors,
 )
 from gateway.live import LiveRooms
+from gateway.message_ops import MessageOps
 from gateway.metrics import NodeMetrics
+from gateway.protocol import MAX_PRESENCE_USERS
 from gateway.server_api import ServerDeps, install_server_api
 
 __all__ = ["HttpDeps", "build_http", "build_metrics_http"]
 
 log = logging.getLogger("gateway.http")
-MAX_LIMIT = 200
 METRICS_TYPE = "text/plain; version=0.0.4"
-
-Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
-PostId = Annotated[int, Path(ge=0, le=MAX_MID)]
-Cursor = Annotated[int | None, Query(ge=0, le=MAX_MID)]
-UserCursor = Annotated[UserId | None, Query()]
-
-# Error statuses each kind of call can answer (documented in /openapi.json).
-READ = errors(400, 401, 429, 500, 503)
-WRITE = errors(400, 401, 413, 429, 500, 503)
-
-bearer = HTTPBearer(auto_error=False, bearerFormat="JWT",
-                    description="a JWT (HS256) whose `sub` is the user id")
-
-
-def current_user(request: Request,
-                 _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]) -> str:
-    """The caller: ``HttpGuard`` checked the token before the body was read."""
-    user = request.scope.get(USER_KEY)
-    if not isinstance(user, str):
-        raise ProtocolError("unauthorized", "a token is required")
-    return user
-
-
-User = Annotated[str, Depends(current_user)]
-
-
-class JSON(JSONResponse):
-    """orjson-encoded body: stored message bytes pass through as ``orjson.Fragment``.
-    (A ``JSONResponse`` so that FastAPI documents each route's answer model.)"""
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
-
-
-def _ok() -> JSON:
-    return JSON({"ok": True})
 
 
 def _error(code: str, message: str, status: int | None = None,
@@ -118,7 +79,7 @@ class HttpDeps:
     verifier: TokenVerifier
     chat: ChatService
     conversations: Conversations
-    groups: GroupService
+    groups: GroupAdmin
     feed: FeedService
     live: LiveRooms
     metrics: NodeMetrics
@@ -129,6 +90,7 @@ class HttpDeps:
     api_keys: tuple[str, ...] = ()  # IM_API_KEYS: the server API's keys
     admit: Callable[[Token], Awaitable[None]] | None = None  # bans and revocations
     server: ServerDeps | None = None  # the server API (/v1/server/*)
+    ops: MessageOps | None = None  # read receipts, recall, delete for me
 
 
 def build_http(deps: HttpDeps) -> FastAPI:
@@ -143,7 +105,7 @@ def build_http(deps: HttpDeps) -> FastAPI:
                            route, str(status)).inc())
     if deps.cors_origins:  # outermost: a preflight is answered before the guard's token check
         app.add_middleware(CORSMiddleware, allow_origins=list(deps.cors_origins),
-                           allow_methods=["GET", "POST", "DELETE"],
+                           allow_methods=["GET", "POST", "PATCH", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "X-API-Key"],
                            max_age=600)
 
@@ -163,8 +125,9 @@ def build_http(deps: HttpDeps) -> FastAPI:
             return Response(deps.metrics.render(), media_type=METRICS_TYPE)
 
     _messages(app, deps)
-    _groups_and_rooms(app, deps)
-    _feed(app, deps)
+    install_groups(app, deps.groups)
+    _rooms(app, deps)
+    install_feed(app, deps.feed)
     if deps.server is not None:
         install_server_api(app, deps.server)
     return app
@@ -193,8 +156,30 @@ def _messages(app: FastAPI, deps: HttpDeps) -> None:
     @app.post("/v1/conversations/{conv}/read", response_model=Ok,
               responses={**WRITE, **errors(403, 404)})
     async def read(user: User, conv: Id, body: ReadMark) -> JSON:
-        """Read up to ``mid`` in a conversation (a peer, or ``g:GROUP``)."""
-        await convs.mark_read(user, conv, body.mid)
+        """Read up to ``mid`` in a conversation (a peer, or ``g:GROUP``); the
+        caller's devices get ``read``, a 1:1 peer's a ``receipt``."""
+        if deps.ops is None:
+            await convs.mark_read(user, conv, body.mid)
+        else:
+            await deps.ops.read(user, conv, body.mid)
+        return _ok()
+
+    @app.get("/v1/presence", response_model=PresenceStates, responses=READ)
+    async def presence(_: User, users: UserList) -> JSON:
+        """``users``: comma-separated, at most 500 (and 5,000 characters): online now
+        across the nodes, and when each was last seen (unix ms; now while online)."""
+        names = user_list(users, MAX_PRESENCE_USERS)
+        if deps.ops is None:
+            raise ProtocolError("unavailable", "presence is not served here")
+        return JSON({"users": await deps.ops.presence.state(names)})
+
+    @app.delete("/v1/messages/{mid}", response_model=Ok, responses={**READ, **errors(404)})
+    async def delete_message(user: User,
+                             mid: Annotated[int, Path(ge=0, le=MAX_MID)]) -> JSON:
+        """Delete for me: out of the caller's box (sync and history), the peer keeps it."""
+        if deps.ops is None:
+            raise ProtocolError("not_found", "no such message in your box")
+        await deps.ops.forget(user, mid)
         return _ok()
 
     @app.get("/v1/history/{conv}", response_model=HistoryPage,
@@ -207,96 +192,13 @@ def _messages(app: FastAPI, deps: HttpDeps) -> None:
         return JSON({"msgs": msgs, "next": nxt})
 
 
-def _groups_and_rooms(app: FastAPI, deps: HttpDeps) -> None:
-    groups, live = deps.groups, deps.live
-
-    @app.post("/v1/groups", response_model=GroupCreated, responses=WRITE)
-    async def create_group(user: User, body: NewGroup) -> JSON:
-        """Create a group; the caller is its owner and a member."""
-        return JSON({"group": await groups.create(user, body.name, body.members)})
-
-    @app.post("/v1/groups/{group}/members", response_model=Ok,
-              responses={**WRITE, **errors(403, 404)})
-    async def add_members(user: User, group: Id, body: NewMembers) -> JSON:
-        """Owner only; new members see messages from now on."""
-        await groups.add(user, group, body.members)
-        return _ok()
-
-    @app.delete("/v1/groups/{group}/members/{member}", response_model=Ok,
-                responses={**READ, **errors(403, 404)})
-    async def remove_member(user: User, group: Id, member: UserId) -> JSON:
-        """Owner only; the member gets nothing sent after this answer."""
-        await groups.remove(user, group, member)
-        return _ok()
+def _rooms(app: FastAPI, deps: HttpDeps) -> None:
+    live = deps.live
 
     @app.get("/v1/rooms/{room}", response_model=RoomOnline, responses=READ)
     async def room(_: User, room: Id) -> JSON:
         """Members of a live room across all live nodes."""
         return JSON({"room": room, "online": await live.online(room)})
-
-
-def _feed(app: FastAPI, deps: HttpDeps) -> None:
-    feed = deps.feed
-
-    @app.post("/v1/follow/{other}", response_model=Ok, responses={**READ, **errors(403)})
-    async def follow(user: User, other: UserId) -> JSON:
-        """Follow ``other``; 403 past IM_FEED_FOLLOW_MAX follows."""
-        await feed.follow(user, other, True)
-        return _ok()
-
-    @app.delete("/v1/follow/{other}", response_model=Ok, responses=READ)
-    async def unfollow(user: User, other: UserId) -> JSON:
-        await feed.follow(user, other, False)
-        return _ok()
-
-    @app.get("/v1/users/{other}", response_model=Profile, responses=READ)
-    async def profile(_: User, other: UserId) -> JSON:
-        """Follow counts (an extension of the contract)."""
-        return JSON(await feed.profile(other))
-
-    @app.get("/v1/users/{other}/following", response_model=UserPage, responses=READ)
-    async def following(_: User, other: UserId, cursor: UserCursor = None,
-                        limit: Limit = 50) -> JSON:
-        """Who ``other`` follows, by id, seek-paginated (an extension)."""
-        return JSON(await feed.follow_page("following", other, cursor, limit))
-
-    @app.get("/v1/users/{other}/followers", response_model=UserPage, responses=READ)
-    async def followers(_: User, other: UserId, cursor: UserCursor = None,
-                        limit: Limit = 50) -> JSON:
-        """Who follows ``other``, by id, seek-paginated (an extension)."""
-        return JSON(await feed.follow_page("followers", other, cursor, limit))
-
-    @app.get("/v1/users/{other}/posts", response_model=PostPage, responses=READ)
-    async def user_posts(_: User, other: UserId, cursor: Cursor = None,
-                         limit: Limit = 50) -> JSON:
-        return JSON(await feed.user_posts(other, cursor, limit))
-
-    @app.post("/v1/posts", response_model=PostOut, responses={**WRITE, **errors(404)})
-    async def create_post(user: User, body: NewPost) -> JSON:
-        return JSON({"post": await feed.create(user, body.text, body.repost_of,
-                                               body.reply_to)})
-
-    @app.delete("/v1/posts/{post}", response_model=Ok, responses={**READ, **errors(403, 404)})
-    async def delete_post(user: User, post: PostId) -> JSON:
-        """Author only."""
-        await feed.delete(user, post)
-        return _ok()
-
-    @app.post("/v1/posts/{post}/like", response_model=Ok, responses={**READ, **errors(404)})
-    async def like(user: User, post: PostId) -> JSON:
-        await feed.like(user, post)
-        return _ok()
-
-    @app.get("/v1/posts/{post}/comments", response_model=PostPage,
-             responses={**READ, **errors(404)})
-    async def comments(_: User, post: PostId, cursor: Cursor = None,
-                       limit: Limit = 50) -> JSON:
-        return JSON(await feed.comments(post, cursor, limit))
-
-    @app.get("/v1/timeline", response_model=PostPage, responses=READ)
-    async def timeline(user: User, cursor: Cursor = None, limit: Limit = 50) -> JSON:
-        """Posts of the people the caller follows and its own, newest first."""
-        return JSON(await feed.timeline(user, cursor, limit))
 
 
 def _install_error_handlers(app: FastAPI) -> None:

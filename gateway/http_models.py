@@ -248,3 +248,12 @@ ERROR_DESCRIPTIONS = {
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` for these error statuses, each with ``ErrorBody``."""
     return {s: {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[s]} for s in statuses}
+
+
+class PresenceState(BaseModel):
+    online: bool
+    last_seen: int | None  # unix ms: now while online, else the last disconnect
+
+
+class PresenceStates(BaseModel):
+    users: dict[str, PresenceState]

@@ -140,7 +140,7 @@ class LiveRooms:
         del self._muted[(room, user)]
         return False
 
-    async def apply_control(self, users: list[str], ctl: dict[str, Any]) -> None:
+    def apply_control(self, users: list[str], ctl: dict[str, Any]) -> None:
         """The server API's room controls for these users' local devices: a mute
         (``rmute``, until), its end (``runmute``), a kick (``rkick``: leave, told
         ``{"op":"left","room","reason":"kicked"}``)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from gateway.auth import Token
@@ -30,10 +30,16 @@ MAX_BAN_S = 10 * 365 * 86_400
 log = logging.getLogger("gateway.moderation")
 
 
+RECENT_S = 60.0  # a ban or revocation is remembered on every node this long
+RECENT_MAX = 100_000
+
+
 class Teller(Protocol):
     """``router.Router``, as moderation sees it."""
 
     async def tell(self, users: list[str], ctl: dict[str, Any]) -> None: ...
+
+    async def tell_all(self, users: list[str], ctl: dict[str, Any]) -> None: ...
 
 
 class Moderation:
@@ -45,6 +51,11 @@ class Moderation:
         self.hub = hub
         self.token_max_ttl_s = token_max_ttl_s
         self._warned = -60.0
+        # user -> (monotonic time told, banned?, revoked before): the bans and
+        # revocations of the last RECENT_S, for connections whose handshake
+        # passed ``admit`` just before the ban and registered just after the
+        # control message was applied here (``held_back``).
+        self._recent: dict[str, tuple[float, bool, float]] = {}
 
     async def admit(self, token: Token) -> None:
         """Refuse a banned user (``forbidden``) or a revoked token (``unauthorized``).
@@ -71,15 +82,50 @@ class Moderation:
         await self.teller.tell([user], {"op": "close", "reason": "disconnected by the server"})
 
     async def ban(self, user: str, seconds: int) -> None:
+        """Every node is told (not only those holding a device): one whose
+        handshake of ``user`` passed ``admit`` just before the ban closes it as
+        soon as it registers (``held_back``)."""
         await self.store.ban(user, time.time() + seconds)
-        await self.teller.tell([user], {"op": "close", "reason": "banned"})
+        await self.teller.tell_all([user], {"op": "close", "reason": "banned", "ban": 1})
 
     async def unban(self, user: str) -> None:
         await self.store.unban(user)
+        await self.teller.tell_all([user], {"op": "unban"})
 
     async def revoke(self, user: str, before: float) -> None:
         await self.store.revoke(user, before, self.token_max_ttl_s)
-        await self.teller.tell([user], {"op": "revoke", "before": before})
+        await self.teller.tell_all([user], {"op": "revoke", "before": before})
+
+    def held_back(self, client: Client) -> bool:
+        """Whether a connection that just registered falls under a ban or a
+        revocation told to this node in the last ``RECENT_S`` (no I/O)."""
+        seen = self._recent.get(client.user)
+        if seen is None:
+            return False
+        told, banned, before = seen
+        if time.monotonic() - told > RECENT_S:
+            del self._recent[client.user]
+            return False
+        return banned or client.iat < before
+
+    def _remember(self, user: str, ctl: dict[str, Any]) -> None:
+        op, now = ctl.get("op"), time.monotonic()
+        if op == "unban":
+            told, _, before = self._recent.get(user, (now, False, 0.0))
+            self._recent[user] = (told, False, before)
+            return
+        _, banned, before = self._recent.get(user, (now, False, 0.0))
+        if op == "close" and ctl.get("ban"):
+            banned = True
+        elif op == "revoke" and isinstance(ctl.get("before"), int | float):
+            before = max(before, float(ctl["before"]))
+        else:
+            return
+        if len(self._recent) >= RECENT_MAX:
+            self._recent = {u: v for u, v in self._recent.items() if now - v[0] <= RECENT_S}
+            if len(self._recent) >= RECENT_MAX:
+                return  # bounded; the handshake's own Redis check still holds
+        self._recent[user] = (now, banned, before)
 
     async def mute(self, room: str, user: str, seconds: int) -> None:
         until = time.time() + seconds
@@ -93,16 +139,20 @@ class Moderation:
     async def kick(self, room: str, user: str) -> None:
         await self.teller.tell([user], {"op": "rkick", "room": room})
 
-    async def apply_control(self, users: list[str], ctl: dict[str, Any]) -> None:
+    def apply_control(self, users: list[str], ctl: dict[str, Any]) -> Awaitable[Any] | None:
         """Close these users' local connections (a revocation: those whose token
-        was issued before its time)."""
+        was issued before its time): remembered at once, the closes returned."""
         op, before = ctl.get("op"), ctl.get("before")
+        for user in users:
+            self._remember(user, ctl)
         closing: list[Client] = []
         for user in users:
             for client in list(self.hub.users.get(user, {}).values()):
                 if op == "close" or (op == "revoke" and isinstance(before, int | float)
                                      and client.iat < before):
                     closing.append(client)
+        if not closing:
+            return None
         reason = str(ctl.get("reason") or "token revoked")[:100]
-        await asyncio.gather(*(c.ws.close(CLOSED_BY_SERVER, reason) for c in closing),
-                             return_exceptions=True)
+        return asyncio.gather(*(c.ws.close(CLOSED_BY_SERVER, reason) for c in closing),
+                              return_exceptions=True)

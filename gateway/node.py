@@ -221,7 +221,7 @@ class Node:
         elif app.mids.held:
             log.error("node id lease held by another node: minting stopped")
         app.mids.hold(result.held)
-        app.router.set_live(result.live)
+        app.beat(result.live)
         if result.retaken:
             self._tasks.append(asyncio.create_task(self._rewrite(app)))
 

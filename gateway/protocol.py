@@ -101,8 +101,29 @@ class Refresh:
     token: str
 
 
+@dataclass(frozen=True, slots=True)
+class Recall:
+    id: object
+    mid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Typing:
+    id: object
+    conv: str  # a peer, or g:GROUP
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceSub:
+    id: object
+    users: tuple[str, ...]
+    watch: bool  # presence_sub; False: presence_unsub
+
+
 MAX_TOKEN = 8192  # characters of a token in a refresh frame
-Frame = Send | GroupSend | Join | Leave | RoomSend | RecvAck | Read | Ping | Refresh
+MAX_PRESENCE_USERS = 500  # users of one presence_sub / presence_unsub
+Frame = (Send | GroupSend | Join | Leave | RoomSend | RecvAck | Read | Ping | Refresh | Recall
+         | Typing | PresenceSub)
 
 
 def check_id(value: object, field: str, re_: object = None) -> str:
@@ -273,6 +294,17 @@ def parse_frame(data: str | bytes, max_body: int) -> Frame:
         return Join(rid, room) if op == "join" else Leave(rid, room)
     if op == "room_send":
         return _parse_room_send(obj, rid, max_body)
+    if op == "recall":
+        return Recall(rid, check_mid(obj.get("mid"), "mid", rid))
+    if op == "typing":
+        return Typing(rid, check_id(obj.get("conv"), "conv", rid))
+    if op in ("presence_sub", "presence_unsub"):
+        users = obj.get("users")
+        if not isinstance(users, list) or not 0 < len(users) <= MAX_PRESENCE_USERS:
+            raise ProtocolError("bad_request", f"users must be a list of 1-{MAX_PRESENCE_USERS}"
+                                " user ids", rid)
+        return PresenceSub(rid, tuple(check_id(u, "users", rid) for u in users),
+                           op == "presence_sub")
     if op == "refresh":
         token = obj.get("token")
         if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN:

@@ -21,6 +21,8 @@ from gateway.group_presence import GroupPresence
 from gateway.hub import Client, Hub
 from gateway.live import LiveRooms
 from gateway.metrics import NodeMetrics
+from gateway.presence import PresenceWatch
+from gateway.presence_subs import PresenceSubs
 from store.ports import OfflineStore, RouteStore
 
 __all__ = ["Registry", "Replay"]
@@ -33,12 +35,15 @@ class Registry:
     """Connects and disconnects of this node's devices."""
 
     def __init__(self, node: str, hub: Hub, routes: RouteStore, groups: GroupPresence,
-                 live: LiveRooms, *, max_batch: int, max_pending: int) -> None:
+                 live: LiveRooms, presence: PresenceWatch, watchers: PresenceSubs, *,
+                 max_batch: int, max_pending: int) -> None:
         self.node = node
         self.hub = hub
         self.routes = routes
         self.groups = groups
         self.live = live
+        self.presence = presence
+        self.watchers = watchers
         self._ops: Batcher[RouteOp, None] = Batcher(
             self._flush, name="redis", max_batch=max_batch, max_pending=max_pending)
 
@@ -54,12 +59,16 @@ class Registry:
             await self._ops.submit((True, client.user, client.id))
         except Unavailable as exc:  # served locally; other nodes find it after a rewrite
             log.warning("route write failed for %s: %s", client.user, exc)
+        self.presence.connected(client.user)
         await self.groups.connected(client)
 
     async def disconnected(self, client: Client) -> None:
         self.hub.remove(client)
         self.live.disconnected(client)
         self.groups.disconnected(client)
+        self.watchers.disconnected(client)
+        if client.user not in self.hub.users:
+            self.presence.last_left(client.user)
         with contextlib.suppress(Unavailable):
             await self._ops.submit((False, client.user, client.id))
 
@@ -67,6 +76,7 @@ class Registry:
         """Redis lost its data: every local device's route again."""
         log.warning("lease was gone from Redis: rewriting %d routes", self.hub.count)
         await self.routes.add([(c.user, self.node, c.id) for c in self.hub.clients()])
+        await self.presence.restore(list({c.user for c in self.hub.clients()}))
 
     async def forget_all(self) -> None:
         """A drain: every local route goes at once (clients move to other nodes)."""

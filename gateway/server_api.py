@@ -17,20 +17,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Security
+from fastapi import FastAPI, Security
 from fastapi.security import APIKeyHeader
 from pydantic import Field, StrictInt
 
-from gateway.auth import check_user_id
 from gateway.chat import ChatService
-from gateway.errors import ProtocolError
 from gateway.events import Events
 from gateway.groups import GroupService
+from gateway.http_common import UserList, user_list
 from gateway.http_models import Id, Ok, UserId, _Body, errors
 from gateway.live import LiveRooms
 from gateway.moderation import MAX_BAN_S, Moderation
 from gateway.protocol import encode_body
-from gateway.session import Pusher, push_sent
+from gateway.session import Pusher, push_group_sent, push_sent
 
 __all__ = ["API_KEY_HEADER", "ServerDeps", "install_server_api"]
 
@@ -138,10 +137,9 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
               dependencies=KEY)
     async def server_group_send(req: ServerGroupSend) -> dict[str, Any]:
         """A group message from ``from``, who need not be a member."""
-        result = await d.groups.send(req.from_, req.group, req.cmid,
-                                     encode_body(req.body, d.max_body), as_server=True)
-        if result.frame is not None:
-            d.pusher.publish_group(req.group, result.frame)
+        body = encode_body(req.body, d.max_body)
+        result = await d.groups.send(req.from_, req.group, req.cmid, body, as_server=True)
+        push_group_sent(d.pusher, d.events, req.from_, req.group, result, body)
         return {"mid": result.mid, "seq": result.seq, "ts": result.ts}
 
     @app.post("/v1/server/rooms/{room}/publish", response_model=Ok, responses=SERVER,
@@ -212,15 +210,9 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
 
     @app.get("/v1/server/presence", response_model=PresencePage, responses=SERVER,
              dependencies=KEY)
-    async def presence(users: Annotated[str, Query(min_length=1, max_length=66_000)]
-                       ) -> dict[str, Any]:
-        """``users``: comma-separated, at most 1,000."""
-        names = list(dict.fromkeys(u for u in users.split(",") if u))
-        if not names or len(names) > MAX_NOTIFY_USERS:
-            raise ProtocolError("bad_request", f"users: 1-{MAX_NOTIFY_USERS} user ids")
-        for u in names:
-            if why := check_user_id(u):
-                raise ProtocolError("bad_request", f"users: {why}")
+    async def presence(users: UserList) -> dict[str, Any]:
+        """``users``: comma-separated, at most 1,000 (and 5,000 characters)."""
+        names = user_list(users, MAX_NOTIFY_USERS)
         now_ms = int(time.time() * 1000)
         out = {}
         for u, (devices, seen) in zip(names, await d.presence(names), strict=True):

@@ -10,6 +10,7 @@ is reached the reader waits, which pushes back on the client's TCP stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
@@ -34,14 +35,15 @@ from gateway.conversations import Conversations
 from gateway.errors import ProtocolError
 from gateway.events import Events
 from gateway.expiry import ExpiryWheel
-from gateway.groups import GroupService
+from gateway.groups import GroupSendResult, GroupService
 from gateway.hub import Client
 from gateway.live import LiveRooms
+from gateway.message_ops import MessageOps
 from gateway.metrics import NodeMetrics
-from gateway.moderation import Moderation
+from gateway.moderation import CLOSED_BY_SERVER, Moderation
 from gateway.registry import Registry
 
-__all__ = ["Pusher", "Sessions", "push_sent"]
+__all__ = ["Pusher", "Sessions", "push_group_sent", "push_sent"]
 
 log = logging.getLogger("gateway.session")
 T = TypeVar("T")
@@ -77,13 +79,25 @@ def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, resul
             events.offline_msg(to, result.mid, sender, sender, body)
 
 
+def push_group_sent(pusher: Pusher, events: Events | None, sender: str, group: str,
+                    result: GroupSendResult, body: bytes, skip_conn: int | None = None) -> None:
+    """After a group ack: one envelope per node bound to the group (nothing for a
+    duplicate), and the group's events (``offline.msg`` for its offline members
+    or one ``offline.group``, found by the events worker, not here)."""
+    if result.frame is None:
+        return
+    pusher.publish_group(group, result.frame, skip_conn=skip_conn)
+    if events is not None:
+        events.group_msg(group, result.mid, result.seq, sender, body, diffused=result.diffused)
+
+
 class Sessions:
     """WebSocket entry points of a node."""
 
     def __init__(self, settings: Settings, registry: Registry, chat: ChatService,
                  groups: GroupService, conversations: Conversations, live: LiveRooms,
                  pusher: Pusher, metrics: NodeMetrics, draining: Callable[[], bool],
-                 verifier: TokenVerifier, moderation: Moderation,
+                 verifier: TokenVerifier, moderation: Moderation, ops: MessageOps,
                  events: Events | None = None) -> None:
         self.settings = settings
         self.registry = registry
@@ -96,6 +110,7 @@ class Sessions:
         self.draining = draining
         self.verifier = verifier
         self.moderation = moderation
+        self.ops = ops
         self.events = events
         self._tokens: weakref.WeakKeyDictionary[ServerConnection, Token] = \
             weakref.WeakKeyDictionary()
@@ -144,6 +159,8 @@ class Sessions:
         closing: asyncio.Task[None] | None = None
         try:
             await self.registry.connected(client)
+            if self.moderation.held_back(client):  # banned or revoked while it connected
+                await ws.close(CLOSED_BY_SERVER, "banned or token revoked")
             frames = 0
             async for data in ws:
                 # Once closed by policy the core answers nothing: frames are only
@@ -183,6 +200,8 @@ class Sessions:
         elif isinstance(action, sc.Inline):
             if isinstance(action.frame, p.Refresh):
                 await self._spawn(client, self._refresh(client, action.frame))
+            elif isinstance(action.frame, p.Typing):
+                await self._spawn(client, self._typing(client, action.frame))
             else:
                 self._room_send(client, action.frame)
 
@@ -197,6 +216,10 @@ class Sessions:
             return self._recv_ack(client, f)
         if isinstance(f, p.Join):
             return self._join(client, f)
+        if isinstance(f, p.Recall):
+            return self._recall(client, f)
+        if isinstance(f, p.PresenceSub):
+            return self._presence_sub(client, f)
         return self._leave(client, f)
 
     async def _spawn(self, client: Client, work: Awaitable[None]) -> None:
@@ -230,14 +253,37 @@ class Sessions:
             return
         self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid, "mid": result.mid,
                              "seq": result.seq, "ts": result.ts})
-        if result.frame is not None:
-            self.pusher.publish_group(f.group, result.frame, skip_conn=client.id)
+        push_group_sent(self.pusher, self.events, client.user, f.group, result, f.body,
+                        skip_conn=client.id)
 
     async def _read(self, client: Client, f: p.Read) -> None:
         done = await self._guarded(
-            client, f.id, lambda: self.conversations.mark_read(client.user, f.conv, f.mid))
+            client, f.id, lambda: self.ops.read(client.user, f.conv, f.mid, client.id))
         if done is not None:
             self._reply(client, {"op": "ok", "re": f.id})
+
+    async def _recall(self, client: Client, f: p.Recall) -> None:
+        async def recall() -> bool:
+            await self.ops.recall(client.user, f.mid)
+            return True
+
+        if await self._guarded(client, f.id, recall):
+            self._reply(client, {"op": "ok", "re": f.id})
+
+    async def _presence_sub(self, client: Client, f: p.PresenceSub) -> None:
+        users = list(f.users)
+        if not f.watch:
+            self.ops.presence_unsub(client, users)
+            self._reply(client, {"op": "ok", "re": f.id})
+            return
+        state = await self._guarded(client, f.id,
+                                    lambda: self.ops.presence_sub(client, users, f.id))
+        if state is not None:
+            self._reply(client, {"op": "presence", "re": f.id, "users": state})
+
+    async def _typing(self, client: Client, f: p.Typing) -> None:
+        with contextlib.suppress(Unavailable):  # ephemeral: a lost one is no error
+            await self.ops.typing(client.user, client.id, f.conv)
 
     async def _recv_ack(self, client: Client, f: p.RecvAck) -> None:
         await self._guarded(client, f.id, lambda: self.chat.recv_ack(client.user, f.mids))

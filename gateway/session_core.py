@@ -19,7 +19,7 @@ Actions, in the order they are to be carried out:
 - ``Reply(data, error)``: write these bytes; ``error`` is the protocol error
   code when they are an error frame (the ``errors`` metric's label);
 - ``Spawn(frame)``: run the op as a task (bounded per connection by the driver);
-- ``Inline(frame)``: handle the op at once, no task (``room_send``, ``refresh``);
+- ``Inline(frame)``: handle the op at once, no task (``room_send``, ``refresh``, ``typing``);
 - ``Close(code, reason, why)``: close the connection; ``why`` labels the metric.
 """
 
@@ -47,7 +47,8 @@ __all__ = [
 # connection because it has received a message that violates its policy."
 POLICY_VIOLATION = 1008
 
-TaskFrame = p.Send | p.GroupSend | p.Read | p.RecvAck | p.Join | p.Leave
+TaskFrame = (p.Send | p.GroupSend | p.Read | p.RecvAck | p.Join | p.Leave | p.Recall
+             | p.PresenceSub)
 
 
 RECV_ACK_MIDS_PER_TOKEN = 10  # one recv_ack of 1,000 mids costs 101 op tokens
@@ -93,7 +94,7 @@ class Spawn:
 class Inline:
     """Handle this op at once, without a task."""
 
-    frame: p.RoomSend | p.Refresh
+    frame: p.RoomSend | p.Refresh | p.Typing
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +163,9 @@ class SessionCore:
             return Spawn(frame)
         if isinstance(frame, p.Ping):
             return Reply(_pong(frame.id))
-        if isinstance(frame, p.Read | p.RecvAck | p.Join | p.Leave):
+        if isinstance(frame, p.Read | p.RecvAck | p.Join | p.Leave | p.Recall | p.PresenceSub):
             return Spawn(frame)
-        if isinstance(frame, p.RoomSend | p.Refresh):
+        if isinstance(frame, p.RoomSend | p.Refresh | p.Typing):
             return Inline(frame)
         # Every op parse_frame accepts is served above; a new one must be added here.
         name = type(frame).__name__

@@ -51,6 +51,14 @@ class GroupDelivery(Protocol):
         ...
 
 
+class PresenceDelivery(Protocol):
+    """The node's presence subscriptions, as the router sees them."""
+
+    def deliver_presence(self, user: str, frame: bytes) -> int:
+        """Write ``frame`` to every local device watching ``user``; never awaits."""
+        ...
+
+
 class Binder(Protocol):
     """Binds this node's queue to a room's or group's routing key (``routing.py``)."""
 
@@ -75,9 +83,10 @@ class Broker(Binder, Protocol):
         """To every other node bound to ``room`` (never back to this one)."""
         ...
 
-    async def publish_event(self, key: str, body: bytes) -> None:
-        """One event to the durable topic exchange ``{ns}.events``, persistent;
-        returns once the broker confirmed it; ``BrokerUnavailable`` otherwise."""
+    async def publish_event(self, key: str, body: bytes, event_id: str) -> None:
+        """One event to the durable topic exchange ``{ns}.events``, persistent,
+        ``event_id`` its AMQP message id; returns once the broker confirmed it;
+        ``BrokerUnavailable`` otherwise."""
         ...
 
     def status(self) -> BrokerStatus:

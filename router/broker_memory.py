@@ -26,7 +26,7 @@ class MemoryBroker:
         """Always: there is no link to lose."""
         return True
 
-    async def publish_event(self, key: str, body: bytes) -> None:
+    async def publish_event(self, key: str, body: bytes, event_id: str) -> None:
         """No broker, no one to tell: events of a memory-broker node go nowhere."""
         self.events_dropped += 1
 

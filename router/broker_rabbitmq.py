@@ -245,17 +245,18 @@ class RabbitMQBroker:
     async def publish_room(self, room: str, envelope: bytes) -> None:
         await self._publish("room", room, envelope)
 
-    async def publish_event(self, key: str, body: bytes) -> None:
-        await self._publish("events", key, body, persistent=True)
+    async def publish_event(self, key: str, body: bytes, event_id: str) -> None:
+        await self._publish("events", key, body, persistent=True, message_id=event_id)
 
     async def _publish(self, kind: str, key: str, envelope: bytes, *,
-                       persistent: bool = False) -> None:
+                       persistent: bool = False, message_id: str | None = None) -> None:
         if not self.connected.is_set():
             raise BrokerUnavailable("not connected to RabbitMQ")
         mode = (aio_pika.DeliveryMode.PERSISTENT if persistent
                 else aio_pika.DeliveryMode.NOT_PERSISTENT)
         message = aio_pika.Message(envelope, app_id=self.node, delivery_mode=mode,
-                                   content_type="application/json" if persistent else None)
+                                   content_type="application/json" if persistent else None,
+                                   message_id=message_id)
         try:
             await self._exchanges[kind].publish(message, routing_key=key, timeout=5)
         except (TimeoutError, AMQPError, OSError, RuntimeError) as exc:

@@ -19,18 +19,28 @@ import contextlib
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from router import envelope
-from router.base import Broker, BrokerStatus, GroupDelivery, LocalDelivery, RoomDelivery
+from router.base import (
+    Broker,
+    BrokerStatus,
+    GroupDelivery,
+    LocalDelivery,
+    PresenceDelivery,
+    RoomDelivery,
+)
 from router.errors import BrokerUnavailable
-from router.routing import group_key, parse_key, room_key
+from router.routing import group_key, parse_key, presence_key, room_key
 from store.ports import RouteStore
 
 __all__ = ["Router"]
 
-Control = Callable[[list[str], dict[str, Any]], Coroutine[Any, Any, None]]
+# Applies a control message's in-memory part at once (so an envelope after it
+# on the node's queue sees it applied) and returns what must still be awaited
+# (binding a queue, closing sockets), or None.
+Control = Callable[[list[str], dict[str, Any]], Awaitable[Any] | None]
 
 log = logging.getLogger("router")
 # An outbox item: (exchange kind "node" or "room", routing key, envelope,
@@ -44,13 +54,15 @@ class Router:
     def __init__(
         self, node: str, local: LocalDelivery, broker: Broker, routes: RouteStore,
         *, rooms: RoomDelivery | None = None, groups: GroupDelivery | None = None,
-        on_control: Control | None = None, on_resume: Callable[[float], None] | None = None,
+        presence: PresenceDelivery | None = None, on_control: Control | None = None,
+        on_resume: Callable[[float], None] | None = None,
         outbox_max: int = 10_000, publish_batch: int = 64, controls_max: int = 1000,
     ) -> None:
         self.node = node
         self.local = local
         self.rooms = rooms
         self.groups = groups
+        self.presence = presence
         # Membership changes for local devices, applied here or sent by the node
         # that took them; run as tasks (at most ``controls_max`` at once).
         self.on_control = on_control
@@ -88,9 +100,9 @@ class Router:
         await self.broker.close()
 
     # -- liveness ------------------------------------------------------------
-    async def publish_event(self, key: str, body: bytes) -> None:
+    async def publish_event(self, key: str, body: bytes, event_id: str) -> None:
         """An event out (``{ns}.events``), confirmed; ``BrokerUnavailable`` otherwise."""
-        await self.broker.publish_event(key, body)
+        await self.broker.publish_event(key, body, event_id)
 
     def broker_connected(self) -> bool:
         """Whether the broker link is up now: the broker's watched state, no I/O."""
@@ -155,9 +167,17 @@ class Router:
 
     async def push_users(self, users: Sequence[str], frame: bytes) -> None:
         """``frame`` to every device of ``users`` anywhere (one route lookup for all)."""
-        for user, routes in zip(users, await self.routes.lookup(users), strict=True):
-            if routes:
-                self.push(user, frame, routes)
+        await self.push_frames([(user, frame) for user in users])
+
+    async def push_frames(self, items: Sequence[tuple[str, bytes]],
+                          skip_conn: int | None = None) -> None:
+        """Each (user, frame) to every device of the user anywhere but this node's
+        connection ``skip_conn``: one route lookup for all, then the batched push."""
+        users = list(dict.fromkeys(user for user, _ in items))
+        found = dict(zip(users, await self.routes.lookup(users), strict=True))
+        for user, frame in items:
+            if found[user]:
+                self.push(user, frame, found[user], skip_conn)
 
     def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None) -> None:
         """A stored group message to this node's members' devices at once, and to
@@ -166,10 +186,32 @@ class Router:
         effort: members catch up by sync."""
         if self.groups is not None:
             self.groups.deliver_group(group, frame, skip_conn)
+        self._to_key(group_key(group), {"g": group}, frame)
+
+    async def publish_group_confirmed(self, group: str, frame: bytes) -> None:
+        """``publish_group``, returning once the broker confirmed the envelope
+        carrying it, so a control or message published after this is queued
+        behind it on every node (a group event before a membership change).
+        Raises ``BrokerUnavailable``."""
         key = group_key(group)
-        if key not in self._room_records:
-            self._room_records[key] = []
-        self._room_records[key].append(({"g": group}, frame))
+        waiter = self._room_waiters.get(key)
+        if waiter is None:
+            waiter = self._room_waiters[key] = asyncio.get_running_loop().create_future()
+        self.publish_group(group, frame)
+        await asyncio.shield(waiter)  # shared by the tick's callers: one's cancel is its own
+
+    def publish_presence(self, user: str, frame: bytes) -> None:
+        """A change of ``user``'s presence to this node's devices watching it at
+        once, and to every other node with one (bound to the user's presence
+        key): one envelope per key per loop tick, nothing for nodes that watch
+        nobody of it. Best effort, like group pushes."""
+        if self.presence is not None:
+            self.presence.deliver_presence(user, frame)
+        self._to_key(presence_key(user), {"pr": user}, frame)
+
+    def _to_key(self, key: str, head: dict[str, Any], frame: bytes) -> None:
+        """One record for the nodes bound to ``key``, in the tick's envelope of it."""
+        self._room_records.setdefault(key, []).append((head, frame))
         self._schedule_flush()
 
     async def tell(self, users: list[str], ctl: dict[str, Any]) -> None:
@@ -184,11 +226,22 @@ class Router:
             for node in set(r.values()):
                 if node != self.node and self.is_alive(node, now):
                     remote.setdefault(node, []).append(user)
-        if self.on_control is not None:
-            await self.on_control(users, ctl)
+        if self.on_control is not None and (rest := self.on_control(users, ctl)) is not None:
+            await rest
         for node, on_node in remote.items():
             with contextlib.suppress(BrokerUnavailable):
                 await self.control(node, on_node, ctl)
+
+    async def tell_all(self, users: list[str], ctl: dict[str, Any]) -> None:
+        """As ``tell``, but to every live node whether or not it holds a device of
+        ``users`` now (a handshake may be registering there)."""
+        now = time.time()
+        if self.on_control is not None and (rest := self.on_control(users, ctl)) is not None:
+            await rest
+        for node, expiry in list(self.live.items()):
+            if node != self.node and expiry > now:
+                with contextlib.suppress(BrokerUnavailable):
+                    await self.control(node, users, ctl)
 
     async def control(self, node: str, users: list[str], ctl: dict[str, Any]) -> None:
         """Tell ``node`` about a membership change of its local ``users``; returns
@@ -230,6 +283,8 @@ class Router:
             for item, result in zip(batch, results, strict=True):
                 if result is None:
                     self.stats["envelopes_out"] += 1
+                    self.stats["node_envelopes_out" if item[0] == "node"
+                               else "key_envelopes_out"] += 1
                     _settle(item[3], None)
                     continue
                 self.stats["publish_failed"] += 1
@@ -272,6 +327,12 @@ class Router:
                 if "c" in head:
                     self._apply_control(list(head.get("u", ())), head["c"])
                     continue
+                watched = head.get("pr")
+                if watched is not None:
+                    self.stats["presence_in"] += 1
+                    if self.presence is not None:
+                        self.presence.deliver_presence(watched, frame)
+                    continue
                 group = head.get("g")
                 if group is not None:
                     self.stats["group_msgs_in"] += 1
@@ -296,7 +357,12 @@ class Router:
         if len(self._controls) >= self.controls_max:
             self.stats["controls_dropped"] += 1  # bounded; a reconnect reloads groups
             return
-        task = asyncio.create_task(self.on_control(users, ctl))
+        # Applied now, not in a task of its own: the group message queued right
+        # behind a ``gdel`` must not still reach the removed member's device.
+        rest = self.on_control(users, ctl)
+        if rest is None:
+            return
+        task = asyncio.ensure_future(rest)
         self._controls.add(task)
         task.add_done_callback(self._controls.discard)
 

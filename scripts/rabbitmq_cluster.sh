@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start/stop a private, local 3-node RabbitMQ cluster for tests.
+# Start/stop a private, local RabbitMQ cluster (3 nodes, or RMQ_CLUSTER_SIZE) for tests.
 #
 # Usage:
 #   bash scripts/rabbitmq_cluster.sh start        [DIR]  start the cluster (idempotent)
@@ -14,8 +14,13 @@
 # 127.0.0.1), CLI distribution ports BASE+40000..+10. No plugins at all (no
 # management listener). `start` ends with the line
 #   amqp URLs: amqp://guest:guest@127.0.0.1:5681/,...:5682/,...:5683/
+# With RMQ_CLUSTER_SIZE=1 there is node 1 only (a single private broker, same
+# commands: `stop-node 1` / `start-node 1` stop and restart it, its data kept).
 #
 # Environment:
+#   RMQ_CLUSTER_SIZE       number of nodes: 1, 2 or 3 (default 3). `start`
+#                          records it in DIR; later commands on DIR use the
+#                          recorded size (and refuse a different RMQ_CLUSTER_SIZE)
 #   RMQ_CLUSTER_PORT_BASE  base port (default 5680: AMQP ports 5681..5683)
 #   RMQ_CLUSTER_HOST       host part of the node names (default localhost)
 #   RMQ_CLUSTER_NAME_PREFIX node names are PREFIX1..3@HOST (default imgate-rmq,
@@ -61,6 +66,28 @@ case "$CMD" in
         ;;
 esac
 DIR="$(realpath -m "${1:-/tmp/imgate-rmq-cluster}")"
+MARKER="$DIR/.imgate-rmq-cluster"
+SIZE_FILE="$DIR/cluster-size"
+
+# The number of nodes: the one recorded in DIR by `start` (a DIR made before
+# sizes were recorded has 3), else RMQ_CLUSTER_SIZE, else 3.
+SIZE="${RMQ_CLUSTER_SIZE:-}"
+if [[ -n "$SIZE" ]] && ! [[ "$SIZE" =~ ^[123]$ ]]; then
+    die "RMQ_CLUSTER_SIZE must be 1, 2 or 3 (got '$SIZE')"
+fi
+if [[ -f "$MARKER" ]]; then
+    recorded=3
+    [[ -s "$SIZE_FILE" ]] && recorded="$(tr -dc 0-9 <"$SIZE_FILE")"
+    [[ "$recorded" =~ ^[123]$ ]] || die "$SIZE_FILE is damaged (want 1, 2 or 3)"
+    if [[ -n "$SIZE" && "$SIZE" != "$recorded" ]]; then
+        die "$DIR holds a $recorded-node cluster; RMQ_CLUSTER_SIZE=$SIZE does not match"
+    fi
+    SIZE="$recorded"
+fi
+SIZE="${SIZE:-3}"
+if [[ -n "$NODE_ARG" ]] && ((NODE_ARG > SIZE)); then
+    die "$CMD $NODE_ARG: the cluster in $DIR has $SIZE node(s)"
+fi
 
 PORT_BASE="${RMQ_CLUSTER_PORT_BASE:-5680}"
 if ! [[ "$PORT_BASE" =~ ^[0-9]+$ ]] || ((PORT_BASE < 1 || PORT_BASE + 40010 > 65535)); then
@@ -76,8 +103,8 @@ else
 fi
 [[ "$NAME_PREFIX" =~ ^[A-Za-z0-9_-]+$ ]] || die "RMQ_CLUSTER_NAME_PREFIX may only use A-Z a-z 0-9 _ -"
 TIMEOUT="${RMQ_CLUSTER_TIMEOUT:-60}"
-NODES=(1 2 3)
-MARKER="$DIR/.imgate-rmq-cluster"
+NODES=()
+for ((i = 1; i <= SIZE; i++)); do NODES+=("$i"); done
 COOKIE="$DIR/home/.erlang.cookie"
 
 # Refuse anything that could be the shared broker's files.
@@ -186,6 +213,7 @@ prepare_dir() {
     mkdir -p "$DIR/home"
     chmod 700 "$DIR/home"
     touch "$MARKER"
+    [[ -s "$SIZE_FILE" ]] || printf '%s\n' "$SIZE" >"$SIZE_FILE"
     if [[ ! -s "$COOKIE" ]]; then
         (umask 077 && od -An -tx1 -N24 /dev/urandom | tr -d ' \n' | tr a-f A-F >"$COOKIE")
         chmod 400 "$COOKIE"
@@ -299,7 +327,7 @@ print_urls() {
 }
 
 # start_nodes N...: launch the given nodes together, wait for each, then make
-# sure nodes 2 and 3 are in node 1's cluster.
+# sure the other nodes (2 and 3, if any) are in node 1's cluster.
 start_nodes() {
     local n started=()
     for n in "$@"; do
@@ -315,7 +343,7 @@ start_nodes() {
         fi
     done
     # Wait for node 1 first: 2 and 3 can only join a running node 1.
-    for n in 1 2 3; do
+    for n in "${NODES[@]}"; do
         if [[ " ${started[*]} " == *" $n "* ]]; then
             await "$n"
         fi
@@ -361,7 +389,7 @@ cmd_stop() {
     fi
     [[ -f "$MARKER" ]] || die "$DIR is not a cluster dir made by this script (no $MARKER)"
     # Reverse order: node 1 stops last, so it can boot first next time.
-    for n in 3 2 1; do
+    for ((n = SIZE; n >= 1; n--)); do
         stop_one "$n"
     done
     if [[ "${KEEP:-0}" == 1 ]]; then

@@ -1,8 +1,13 @@
 """Store errors. ``Unavailable`` (defined with the pure layer, which raises it
-too) means nothing was stored: safe to retry."""
+too) means nothing was stored: safe to retry. ``GroupGone``: the group named
+no longer exists (dissolved, or never did); nothing was stored."""
 
 from __future__ import annotations
 
 from core.errors import Unavailable
 
-__all__ = ["Unavailable"]
+__all__ = ["GroupGone", "Unavailable"]
+
+
+class GroupGone(Exception):
+    """The group is dissolved or unknown: a seq allocation refused it."""

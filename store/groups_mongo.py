@@ -5,10 +5,14 @@
   seqs (seq, seq + n] with one atomic ``$inc`` (journaled), so two nodes can
   never hand out the same seq, whatever happened to Redis. ``lastmid`` and
   ``rdmid`` (the newest read-diffused message) move with ``$max`` in the
-  same update.
-- ``group_members``: ``_id`` = ``group|user``, indexes on ``g`` and ``u``;
-  ``from_seq``: the member sees messages after it (the group's seq when it
-  joined); ``read_seq``: read up to here.
+  same update. ``dissolved``: set once, by the owner; the ``$inc`` filters
+  on it, so no seq is handed out after it (no check-then-act window).
+  ``lk`` / ``lkt``: the administration lease (until, token): membership,
+  name, owner and dissolve changes of one group run one at a time.
+- ``group_members``: ``_id`` = ``group|user``, indexes on ``g``, ``u`` and
+  (``g``, ``u``) (member pages); ``from_seq``: the member sees messages
+  after it (the group's seq when it joined); ``read_seq``: read up to here;
+  ``gone``: the group was dissolved (a former member: history only).
 - ``group_msgs``: one copy per message, ``_id`` = ``group|seq`` (12 digits),
   with ``mid``, ``from``, ``cmid``, ``body``, and ``wd`` (whether it was also
   written to the members' boxes). Unique (g, from, cmid) recognises a resend
@@ -28,7 +32,7 @@ from typing import Any
 from pymongo import ASCENDING, DESCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 
-from store.errors import Unavailable
+from store.errors import GroupGone, Unavailable
 from store.mongo_client import Index, ensure_indexes, insert_each, insert_idempotent, mongo_guard
 from store.records import GroupMessage, Membership
 
@@ -37,6 +41,7 @@ __all__ = ["GROUP_INDEXES", "GroupsMongo", "group_message", "msg_id"]
 GROUP_INDEXES: list[Index] = [
     ("group_members", [("u", ASCENDING)], {"name": "user"}),
     ("group_members", [("g", ASCENDING)], {"name": "group"}),
+    ("group_members", [("g", ASCENDING), ("u", ASCENDING)], {"name": "group_user"}),
     ("group_msgs", [("g", ASCENDING), ("mid", ASCENDING)], {"name": "group_mid"}),
     ("group_msgs", [("mid", ASCENDING)], {"name": "mid"}),
     ("group_msgs", [("g", ASCENDING), ("from", ASCENDING), ("cmid", ASCENDING)],
@@ -48,10 +53,15 @@ def msg_id(group: str, seq: int) -> str:
     return f"{group}|{seq:012d}"
 
 
+def _membership(d: dict[str, Any]) -> Membership:
+    return Membership(d["from_seq"], d.get("read_seq", d["from_seq"]))
+
+
 def group_message(d: dict[str, Any]) -> GroupMessage:
-    """A stored ``group_msgs`` document (not a tombstone) as a record."""
-    return GroupMessage(d["g"], d["seq"], d["mid"], d["from"], d["cmid"], d["body"],
-                        bool(d.get("wd", False)))
+    """A stored ``group_msgs`` document (not a seq-filling tombstone) as a record."""
+    recalled = bool(d.get("recalled"))
+    return GroupMessage(d["g"], d["seq"], d["mid"], d["from"], d["cmid"],
+                        None if recalled else d.get("body"), bool(d.get("wd", False)), recalled)
 
 
 class GroupsMongo:
@@ -109,13 +119,87 @@ class GroupsMongo:
 
     async def member_ids(self, group: str) -> list[str]:
         async with mongo_guard():
-            return [d["u"] async for d in self.members.find({"g": group}, {"u": 1})]
+            return [d["u"] async for d in self.members.find({"g": group}, {"u": 1, "gone": 1})
+                    if not d.get("gone")]
 
     async def user_groups(self, user: str) -> dict[str, Membership]:
-        """Every membership of ``user``: group -> (from seq, read seq)."""
+        """Every membership of ``user``: group -> (from seq, read seq).
+
+        (``gone`` is checked on the documents: SecantusDB scans the collection
+        for a filter on a field its index lacks.)"""
         async with mongo_guard():
-            return {d["g"]: Membership(d["from_seq"], d.get("read_seq", d["from_seq"]))
-                    async for d in self.members.find({"u": user})}
+            return {d["g"]: _membership(d) async for d in self.members.find({"u": user})
+                    if not d.get("gone")}
+
+    async def memberships(self, group: str, users: Sequence[str]) -> dict[str, Membership]:
+        """The current memberships of these users in ``group`` (point look-ups)."""
+        if not users:
+            return {}
+        async with mongo_guard():
+            return {d["u"]: _membership(d) async for d in self.members.find(
+                {"_id": {"$in": [f"{group}|{u}" for u in users]}}) if not d.get("gone")}
+
+    async def page_members(self, group: str, after: str | None, limit: int) -> list[str]:
+        """Member ids in id order after ``after`` (index (g, u))."""
+        query: dict[str, Any] = {"g": group}
+        if after is not None:
+            query["u"] = {"$gt": after}
+        async with mongo_guard():
+            return [d["u"] async for d in self.members.find(query, {"u": 1}).sort(
+                "u", ASCENDING).limit(limit)]
+
+    async def former(self, group: str, user: str) -> Membership | None:
+        """The membership ``user`` held when ``group`` was dissolved, if any."""
+        async with mongo_guard():
+            d = await self.members.find_one({"_id": f"{group}|{user}"})
+        return _membership(d) if d is not None and d.get("gone") else None
+
+    # -- administration ------------------------------------------------------
+    async def get_many(self, groups: Sequence[str]) -> dict[str, dict[str, Any]]:
+        if not groups:
+            return {}
+        async with mongo_guard():
+            return {d["_id"]: d async for d in self.groups.find({"_id": {"$in": list(groups)}},
+                                                                 {"seq": 0})}
+
+    async def lock(self, group: str, token: str, now_ms: int, ttl_ms: int) -> bool | None:
+        """Take the group's administration lease: True if taken, False if another
+        holder's has not run out, None if there is no such group."""
+        async with mongo_guard():
+            got = await self.groups.update_one(
+                {"_id": group, "lk": {"$not": {"$gt": now_ms}}},
+                {"$set": {"lk": now_ms + ttl_ms, "lkt": token}})
+            if got.matched_count:
+                return True
+            return None if await self.groups.find_one({"_id": group}, {"_id": 1}) is None \
+                else False
+
+    async def unlock(self, group: str, token: str) -> None:
+        async with mongo_guard():
+            await self.groups.update_one({"_id": group, "lkt": token},
+                                         {"$set": {"lk": 0, "lkt": ""}})
+
+    async def set_info(self, group: str, *, name: str | None = None,
+                       owner: str | None = None) -> None:
+        changes = {k: v for k, v in (("name", name), ("owner", owner)) if v is not None}
+        if changes:
+            async with mongo_guard():
+                await self.groups.update_one({"_id": group}, {"$set": changes})
+
+    async def dissolve(self, group: str) -> None:
+        """From now on ``allocate`` refuses the group (``GroupGone``)."""
+        async with mongo_guard():
+            await self.groups.update_one({"_id": group}, {"$set": {
+                "dissolved": True, "dissolved_at": int(time.time() * 1000)}})
+
+    async def retire_members(self, group: str) -> list[str]:
+        """Every member of a dissolved group becomes a former member (its
+        history stays readable); returns them all, former ones included, so a
+        retried dissolve clears what an interrupted one left."""
+        async with mongo_guard():
+            users = [d["u"] async for d in self.members.find({"g": group}, {"u": 1})]
+            await self.members.update_many({"g": group}, {"$set": {"gone": True}})
+        return users
 
     async def set_reads(self, reads: Sequence[tuple[str, str, int]]) -> None:
         """(user, group, seq): read seqs only move forward; one round trip."""
@@ -128,15 +212,38 @@ class GroupsMongo:
 
     # -- messages ------------------------------------------------------------
     async def allocate(self, group: str, n: int, lastmid: int, rdmid: int) -> int:
-        """Take ``n`` seqs; returns the last one (the group's new seq)."""
+        """Take ``n`` seqs; returns the last one (the group's new seq).
+        ``GroupGone`` for a dissolved (or unknown) group: the filter refuses it
+        in the same atomic update, so a dissolve answered before this began
+        always wins."""
         async with mongo_guard():
             doc = await self.groups.find_one_and_update(
-                {"_id": group}, {"$inc": {"seq": n}, "$max": {"lastmid": lastmid,
-                                                              "rdmid": rdmid}},
+                {"_id": group, "dissolved": {"$ne": True}},
+                {"$inc": {"seq": n}, "$max": {"lastmid": lastmid, "rdmid": rdmid}},
                 projection={"seq": 1}, return_document=ReturnDocument.AFTER)
         if doc is None:
-            raise Unavailable("mongo", "group vanished")
+            raise GroupGone(group)
         return int(doc["seq"])
+
+    async def recall(self, mid: int, sender: str) -> GroupMessage | None:
+        """Mark ``sender``'s group message recalled, body dropped (by the ``mid``
+        index); None if ``sender`` sent no group message ``mid``."""
+        async with mongo_guard():
+            d = await self.msgs.find_one_and_update(
+                {"mid": mid, "from": sender, "dead": {"$ne": True}},
+                {"$set": {"recalled": True}, "$unset": {"body": ""}})
+        return None if d is None else group_message({**d, "recalled": True})
+
+    async def sender_of(self, mid: int) -> str | None:
+        async with mongo_guard():
+            d = await self.msgs.find_one({"mid": mid, "dead": {"$ne": True}}, {"from": 1})
+        return None if d is None else str(d["from"])
+
+    async def recalled_seqs(self, group: str, limit: int) -> list[int]:
+        """The group's newest recalled seqs (the truth a lost Redis state is rebuilt from)."""
+        async with mongo_guard():
+            return [int(d["seq"]) async for d in self.msgs.find(
+                {"g": group, "recalled": True}, {"seq": 1}).sort("seq", -1).limit(limit)]
 
     async def insert(self, msgs: Sequence[GroupMessage]
                      ) -> list[GroupMessage | BaseException]:
@@ -202,6 +309,11 @@ class GroupsMongo:
             else:
                 before = docs[-1]["mid"]
         return out[:limit]
+
+    async def message(self, group: str, mid: int) -> GroupMessage | None:
+        async with mongo_guard():
+            d = await self.msgs.find_one({"g": group, "mid": mid})
+        return group_message(d) if d is not None else None
 
     async def seq_of(self, group: str, mid: int) -> int | None:
         async with mongo_guard():

@@ -27,6 +27,8 @@ from store.redis_client import Batch, Lua, RedisClient, redis_guard
 __all__ = ["GroupCacheRedis"]
 
 MARK = "~"  # not a valid id: marks a set or hash as complete
+CHUNK = 1000  # users per pipeline when a call touches every member
+RECALLED_KEPT = 1000  # recalled seqs a group's state keeps (older ones count as unread again)
 
 
 class GroupCacheRedis:
@@ -43,6 +45,7 @@ class GroupCacheRedis:
         self.store = store
         self.encode_last = encode_last
         self._state = Lua("group_state.lua")
+        self._recall = Lua("group_recall.lua")
         self._read = Lua("read_seq.lua")
 
     # -- members ---------------------------------------------------------------
@@ -108,6 +111,45 @@ class GroupCacheRedis:
             pipe.srem(self.keys.group_members(group), user)
             pipe.hdel(self.keys.user_groups(user), group, f"r:{group}")
             await pipe.execute()
+
+    async def dissolved(self, group: str, users: Sequence[str]) -> None:
+        """The group is gone: its member set is complete and empty, and it leaves
+        each user's groups (conversations, connect-time loads), ``CHUNK`` users a
+        round trip."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(self.keys.group_members(group))
+            pipe.sadd(self.keys.group_members(group), MARK)
+            await pipe.execute()
+            for i in range(0, len(users), CHUNK):
+                pipe = self.redis.pipeline(transaction=False)
+                for u in users[i:i + CHUNK]:
+                    pipe.hdel(self.keys.user_groups(u), group, f"r:{group}")
+                await pipe.execute()
+
+    async def memberships(self, group: str, users: Sequence[str]
+                          ) -> dict[str, Membership]:
+        """Each user's membership of ``group`` (from seq, read seq), those not
+        members left out; ``CHUNK`` users a round trip. A user whose groups
+        hash is incomplete is read from MongoDB (one look-up for all of them)."""
+        out: dict[str, Membership] = {}
+        missing: list[str] = []
+        fields = (group, f"r:{group}", MARK)
+        for i in range(0, len(users), CHUNK):
+            part = users[i:i + CHUNK]
+            async with redis_guard():
+                pipe = self.redis.pipeline(transaction=False)
+                for u in part:
+                    pipe.hmget(self.keys.user_groups(u), fields)
+                raw: list[list[bytes | None]] = await pipe.execute()
+            for u, (joined, read, complete) in zip(part, raw, strict=True):
+                if complete is None:
+                    missing.append(u)
+                elif joined is not None:
+                    out[u] = Membership(int(joined), int(read or joined))
+        if missing:
+            out.update(await self.store.memberships(group, missing))
+        return out
 
     # -- a user's groups ---------------------------------------------------------
     async def user_groups(self, user: str) -> dict[str, Membership]:
@@ -202,16 +244,28 @@ class GroupCacheRedis:
         for g, h in zip(groups, raw, strict=True):
             h = rebuilt.get(g, h)
             out[g] = GroupState(int(h.get(b"seq", 0)), int(h.get(b"lastmid", 0)),
-                                h.get(b"last"), int(h.get(b"rdmid", 0)))
+                                h.get(b"last"), int(h.get(b"rdmid", 0)),
+                                tuple(int(x) for x in h.get(b"rc", b"").split(b",") if x))
         return out
+
+    async def recalled(self, group: str, seq: int, mid: int, tombstone: bytes) -> None:
+        """``seq`` leaves members' unread; the state's last message, if it was it,
+        becomes ``tombstone``."""
+        async with redis_guard():
+            await self._recall(self.redis, [self.keys.group_state(group)],
+                               [seq, mid, tombstone, RECALLED_KEPT])
 
     async def _rebuild_state(self, group: str) -> dict[bytes, bytes]:
         doc = await self.store.get(group) or {}
         last = await self.store.last(group)
+        recalled = await self.store.recalled_seqs(group, RECALLED_KEPT)
         async with redis_guard():
             await self._state(self.redis, keys=[self.keys.group_state(group)], args=[
                 doc.get("seq", 0), doc.get("lastmid", 0),
                 self.encode_last(last) if last else "", doc.get("rdmid", 0), "1"])
+            if recalled:
+                await self.redis.hsetnx(self.keys.group_state(group), "rc",  # type: ignore[misc]
+                                        ",".join(str(q) for q in sorted(recalled)))
             raw: dict[bytes, bytes] = await self.redis.hgetall(  # type: ignore[assignment]
                 self.keys.group_state(group))
         return raw

@@ -65,6 +65,12 @@ class Keys:
         """Hash: connection id -> node id, for every connected device."""
         return f"{self.ns}:rt:{{{user}}}"
 
+    def presence(self, user: str) -> str:
+        """String, while ``presence.online`` was the user's last presence event
+        (set NX by the arriving device's node, deleted by whoever announces
+        ``presence.offline``; same slot as the routes it is checked against)."""
+        return f"{self.ns}:pr:{{{user}}}"
+
     # -- groups (hash tag = "g:" + group id; per user: the user id) ------------
     def group_state(self, group: str) -> str:
         """Hash: seq, lastmid, last (encoded newest message), rdmid, ok."""
@@ -148,6 +154,12 @@ class Keys:
     # -- nodes ---------------------------------------------------------------
     def node_lease(self, node_num: int) -> str:
         return f"{self.ns}:nodeid:{node_num}"
+
+    def node_users(self, node: str) -> str:
+        """Set: users whose presence a node still answers for (a device there, or
+        a disconnect whose grace has not run out): survivors pop it when the
+        node is dead."""
+        return f"{self.ns}:pon:{node}"
 
     def nodes(self) -> str:
         """Sorted set: node name -> heartbeat expiry (unix seconds)."""

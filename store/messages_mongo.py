@@ -29,7 +29,7 @@ from store.mongo_client import (
 )
 from store.records import ChatMessage, GroupMessage, StoredMessage
 
-__all__ = ["INDEXES", "MessagesMongo", "body_doc", "box_docs", "box_id"]
+__all__ = ["INDEXES", "MessagesMongo", "body_doc", "box_docs", "box_id", "chat_message"]
 
 # (collection, keys, options): every index the chat collections carry.
 INDEXES: list[Index] = [
@@ -46,6 +46,12 @@ def box_id(owner: str, mid: int) -> str:
 
 def body_doc(m: ChatMessage) -> dict[str, Any]:
     return {"_id": m.mid, "from": m.sender, "to": m.to, "cmid": m.cmid, "body": m.body}
+
+
+def chat_message(d: dict[str, Any]) -> ChatMessage:
+    recalled = bool(d.get("recalled"))
+    return ChatMessage(d["_id"], d["from"], d["to"], d["cmid"],
+                       None if recalled else d.get("body"), recalled)
 
 
 def box_docs(m: ChatMessage, mid: int) -> list[dict[str, Any]]:
@@ -148,13 +154,32 @@ class MessagesMongo:
             if not mids:
                 return []
             bodies: dict[int, StoredMessage] = {
-                d["_id"]: ChatMessage(d["_id"], d["from"], d["to"], d["cmid"], d["body"])
-                async for d in self.messages.find({"_id": {"$in": mids}})}
+                d["_id"]: chat_message(d) async for d in self.messages.find({"_id": {"$in": mids}})}
             missing = [m for m in mids if m not in bodies]
             if missing:  # entries of write-diffused group messages
                 bodies.update({d["mid"]: group_message(d) async for d in
                                self.group_msgs.find({"mid": {"$in": missing}})})
         return [f for mid in mids if (f := bodies.get(mid)) is not None]
+
+    async def recall(self, mid: int, sender: str) -> ChatMessage | None:
+        """Mark ``sender``'s message recalled and drop its body (the truth sync and
+        history read once Redis lost it); None if ``sender`` sent no such message."""
+        async with mongo_guard():
+            d = await self.messages.find_one_and_update(
+                {"_id": mid, "from": sender}, {"$set": {"recalled": True}, "$unset": {"body": ""}})
+        return None if d is None else chat_message({**d, "recalled": True})
+
+    async def sender_of(self, mid: int) -> str | None:
+        async with mongo_guard():
+            d = await self.messages.find_one({"_id": mid}, {"from": 1})
+        return None if d is None else str(d["from"])
+
+    async def forget(self, owner: str, mid: int) -> str | None:
+        """Remove ``mid`` from ``owner``'s box only; its conversation, or None if
+        it was not there."""
+        async with mongo_guard():
+            d = await self.boxes.find_one_and_delete({"_id": box_id(owner, mid)})
+        return None if d is None else str(d["conv"])
 
     async def add_group_boxes(self, entries: Sequence[tuple[GroupMessage, Sequence[str]]]
                               ) -> None:

@@ -10,6 +10,7 @@ without manual care.
 from __future__ import annotations
 
 import secrets
+import time
 
 from core.ids import MAX_NODE_ID
 from store.errors import Unavailable
@@ -55,5 +56,8 @@ class NodeDirectoryRedis:
         self.keys = keys
 
     async def leave(self, node: str) -> None:
+        """A drain: the node's heartbeat ends now, so the others know it dead at
+        once (they stop routing to it, and check its users' presence after the
+        grace) instead of when its heartbeat would have lapsed."""
         async with redis_guard():
-            await self.redis.zrem(self.keys.nodes(), node)
+            await self.redis.zadd(self.keys.nodes(), {node: time.time()})

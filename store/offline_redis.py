@@ -14,7 +14,7 @@ from typing import Any
 from core.ids import mid_for_time_ms
 from store.errors import Unavailable
 from store.keys import Keys
-from store.records import ConversationRow, Delivery, InboxLimits, OfflinePage
+from store.records import ConversationRow, Delivery, Erasure, InboxLimits, OfflinePage
 from store.redis_client import Batch, Lua, RedisClient, cluster_state, redis_guard
 
 __all__ = ["OfflineRedis"]
@@ -32,6 +32,7 @@ class OfflineRedis:
         self._ack = Lua("offline_ack.lua")
         self._page = Lua("offline_page.lua")
         self._convs = Lua("conversations.lua")
+        self._erase = Lua("erase.lua")
 
     # -- delivery ------------------------------------------------------------
     async def deliver(
@@ -79,6 +80,19 @@ class OfflineRedis:
                 args=[conv, mid],
             )
         return int(count)
+
+    async def erase(self, erasures: Sequence[Erasure]) -> None:
+        """Recalls and deletions, each atomic for its user, one round trip."""
+        k = self.keys
+        async with redis_guard():
+            batch = Batch(self.redis)
+            for e in erasures:
+                batch.script(self._erase, [k.offline(e.user), k.convs(e.user),
+                                           k.conv_last(e.user), k.unread(e.user),
+                                           k.unread_mids(e.user, e.conv)],
+                             [e.mid, e.conv, "recall" if e.recall else "forget", e.frame,
+                              e.frame_mid])
+            await batch.execute()
 
     async def ack(self, user: str, *, mids: Sequence[int] = (), upto: int = -1) -> None:
         args: list[Any] = ["upto", upto] if upto >= 0 else ["mids", *mids]

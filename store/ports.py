@@ -18,6 +18,7 @@ from store.records import (
     ChatMessage,
     ConversationRow,
     Delivery,
+    Erasure,
     GroupMessage,
     GroupState,
     Membership,
@@ -68,6 +69,10 @@ class OfflineStore(Protocol):
 
     async def mark_read(self, user: str, conv: str, mid: int) -> int: ...
 
+    async def erase(self, erasures: Sequence[Erasure]) -> None:
+        """Recalled or deleted messages out of users' Redis views (unread fixed)."""
+        ...
+
     async def ack(self, user: str, *, mids: Sequence[int] = (), upto: int = -1) -> None: ...
 
     async def page(self, user: str, since: int, count: int) -> OfflinePage: ...
@@ -91,6 +96,16 @@ class MessageStore(Protocol):
     async def box_page(self, owner: str, *, conv: str | None = None,
                        after: int | None = None, before: int | None = None,
                        limit: int = 50) -> list[StoredMessage]: ...
+
+    async def recall(self, mid: int, sender: str) -> ChatMessage | None:
+        """Mark recalled, body dropped; None if ``sender`` sent no 1:1 message ``mid``."""
+        ...
+
+    async def sender_of(self, mid: int) -> str | None: ...
+
+    async def forget(self, owner: str, mid: int) -> str | None:
+        """Remove from ``owner``'s box only; the entry's conversation, or None."""
+        ...
 
     async def add_group_boxes(self, entries: Sequence[tuple[GroupMessage, Sequence[str]]]
                               ) -> None:
@@ -116,6 +131,24 @@ class RouteStore(Protocol):
         ...
 
     async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None: ...
+
+
+class PresenceStore(Protocol):
+    """Announced presence across nodes (``presence.online`` / ``offline`` once each)."""
+
+    async def arrive(self, node: str, users: Sequence[str], *, announce: bool = True
+                     ) -> list[str]:
+        """Those of ``users`` whose presence is new (to announce online)."""
+        ...
+
+    async def depart(self, users: Sequence[str], dead_nodes: Sequence[str], *,
+                     node: str | None = None) -> list[str]:
+        """Those whose presence ended (no device on a live node): announce offline."""
+        ...
+
+    async def take(self, node: str, n: int) -> list[str]:
+        """Users a dead node answered for, each to one caller only."""
+        ...
 
 
 class SanctionStore(Protocol):
@@ -195,9 +228,44 @@ class GroupStore(Protocol):
 
     async def user_groups(self, user: str) -> dict[str, Membership]: ...
 
+    async def memberships(self, group: str, users: Sequence[str]) -> dict[str, Membership]:
+        """Current memberships of these users (non-members left out)."""
+        ...
+
+    async def page_members(self, group: str, after: str | None, limit: int) -> list[str]: ...
+
+    async def former(self, group: str, user: str) -> Membership | None:
+        """The membership ``user`` held in ``group`` when it was dissolved."""
+        ...
+
+    async def get_many(self, groups: Sequence[str]) -> dict[str, Doc]: ...
+
+    async def lock(self, group: str, token: str, now_ms: int, ttl_ms: int) -> bool | None:
+        """The group's administration lease: taken, held by another, no such group."""
+        ...
+
+    async def unlock(self, group: str, token: str) -> None: ...
+
+    async def set_info(self, group: str, *, name: str | None = None,
+                       owner: str | None = None) -> None: ...
+
+    async def dissolve(self, group: str) -> None: ...
+
+    async def retire_members(self, group: str) -> list[str]: ...
+
     async def set_reads(self, reads: Sequence[tuple[str, str, int]]) -> None: ...
 
-    async def allocate(self, group: str, n: int, lastmid: int, rdmid: int) -> int: ...
+    async def recall(self, mid: int, sender: str) -> GroupMessage | None:
+        """Mark recalled, body dropped; None if ``sender`` sent no group message ``mid``."""
+        ...
+
+    async def sender_of(self, mid: int) -> str | None: ...
+
+    async def recalled_seqs(self, group: str, limit: int) -> list[int]: ...
+
+    async def allocate(self, group: str, n: int, lastmid: int, rdmid: int) -> int:
+        """The group's new seq after taking ``n``; ``GroupGone`` once dissolved."""
+        ...
 
     async def insert(self, msgs: Sequence[GroupMessage]
                      ) -> list[GroupMessage | BaseException]: ...
@@ -207,6 +275,8 @@ class GroupStore(Protocol):
     async def page(self, group: str, *, from_seq: int, after: int | None = None,
                    before: int | None = None, limit: int = 50, only_rd: bool = False
                    ) -> list[GroupMessage]: ...
+
+    async def message(self, group: str, mid: int) -> GroupMessage | None: ...
 
     async def seq_of(self, group: str, mid: int) -> int | None: ...
 
@@ -227,6 +297,14 @@ class GroupCache(Protocol):
 
     async def removed(self, group: str, user: str) -> None: ...
 
+    async def dissolved(self, group: str, users: Sequence[str]) -> None:
+        """The group leaves its members' group lists; its member set is emptied."""
+        ...
+
+    async def memberships(self, group: str, users: Sequence[str]) -> dict[str, Membership]:
+        """(from seq, read seq) of each of these users who is a member."""
+        ...
+
     async def user_groups(self, user: str) -> dict[str, Membership]: ...
 
     async def groups_of(self, users: Sequence[str]) -> list[list[str]]: ...
@@ -234,6 +312,10 @@ class GroupCache(Protocol):
     async def set_read(self, user: str, group: str, seq: int) -> int | None: ...
 
     async def states(self, groups: Iterable[str]) -> dict[str, GroupState]: ...
+
+    async def recalled(self, group: str, seq: int, mid: int, tombstone: bytes) -> None:
+        """A recalled message leaves members' unread (and the state's last)."""
+        ...
 
     async def created(self, group: str) -> None: ...
 
@@ -250,6 +332,10 @@ class FollowStore(Protocol):
 
     async def page_ids(self, kind: str, user: str, after: str | None, limit: int
                        ) -> list[str]: ...
+
+    async def existing(self, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which of these (a follows b) pairs exist: point look-ups, one round trip."""
+        ...
 
     async def all_following(self, user: str) -> list[str]: ...
 
@@ -280,6 +366,10 @@ class PostStore(Protocol):
     async def flush_counts(self, counts: dict[int, dict[str, int]]) -> None: ...
 
     async def like(self, post: int, user: str) -> bool: ...
+
+    async def unlike(self, post: int, user: str) -> bool:
+        """True if the like was there (and is gone now)."""
+        ...
 
     async def pullers(self) -> dict[str, int]: ...
 

@@ -116,3 +116,10 @@ class PostsMongo:
                 return False
         return True
 
+    async def unlike(self, post: int, user: str) -> bool:
+        """True if ``user``'s like of ``post`` was there and is gone now: of
+        concurrent unlikes (and likes) each transition is seen by one caller."""
+        async with mongo_guard():
+            gone = await self.likes.delete_one({"_id": f"{post}|{user}"})
+        return bool(gone.deleted_count)
+

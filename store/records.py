@@ -33,7 +33,20 @@ class ChatMessage:
     sender: str
     to: str
     cmid: str
-    body: Any
+    body: Any  # None once recalled
+    recalled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """One message leaving one user's Redis view (``OfflineStore.erase``)."""
+
+    user: str
+    conv: str  # as the user names it
+    mid: int
+    recall: bool  # True: ``frame`` (a tombstone) takes its place; False: deleted
+    frame: bytes = b""  # forget: the conversation's newest message left, if any
+    frame_mid: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +56,9 @@ class GroupMessage:
     mid: int
     sender: str
     cmid: str
-    body: Any
+    body: Any  # None once recalled
     wd: bool  # also written to every member's box (write diffusion)
+    recalled: bool = False
 
 
 StoredMessage = ChatMessage | GroupMessage  # what a box page holds
@@ -94,6 +108,7 @@ class GroupState:
     lastmid: int
     last: bytes | None
     rdmid: int
+    recalled: tuple[int, ...] = ()  # recalled seqs (the newest RECALLED_KEPT): not unread
 
 
 @dataclass(frozen=True, slots=True)

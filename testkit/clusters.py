@@ -1,14 +1,16 @@
 """Private local clusters for failure tests, driven by the project's scripts
-(``scripts/redis_cluster.sh``): own ports, own data dir, stopped by the test."""
+(``scripts/redis_cluster.sh``, ``scripts/rabbitmq_cluster.sh``): own ports,
+own data dir, stopped by the test."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["LocalRedisCluster"]
+__all__ = ["LocalRabbit", "LocalRedisCluster"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,3 +65,55 @@ class LocalRedisCluster:
             if line.startswith("cluster_state:"):
                 return line.split(":", 1)[1].strip()
         return ""
+
+
+class LocalRabbit:
+    """A private RabbitMQ node or cluster (``scripts/rabbitmq_cluster.sh``, its own
+    directory and Erlang cookie; never the shared broker on 5672). ``env``:
+    the script's settings (``RMQ_CLUSTER_SIZE``, ``RMQ_CLUSTER_PORT_BASE``).
+    ``urls[N-1]`` is node N's AMQP URL once ``start`` returned."""
+
+    SCRIPT = ROOT / "scripts" / "rabbitmq_cluster.sh"
+
+    def __init__(self, path: Path, env: dict[str, str] | None = None) -> None:
+        self.path = path
+        self.env = env or {}
+        self.urls: list[str] = []
+
+    def _run(self, *args: str, timeout: float) -> tuple[int, str]:
+        done = subprocess.run(["bash", str(self.SCRIPT), *args, str(self.path)],
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              env={**os.environ, **self.env, "HARD": "0"})
+        return done.returncode, done.stdout + done.stderr
+
+    def start(self, timeout: float = 240) -> LocalRabbit:
+        code, out = self._run("start", timeout=timeout)
+        if code != 0:
+            raise RuntimeError(f"RabbitMQ did not start:\n{out}")
+        code, out = self._run("urls", timeout=30)
+        self.urls = out.strip().split(",") if code == 0 else []
+        return self
+
+    def stop(self, timeout: float = 240) -> None:
+        self._run("stop", timeout=timeout)
+
+    async def script(self, *args: str, hard: bool = False, timeout: float = 90) -> str:
+        """``stop-node N`` (``hard``: SIGKILL), ``start-node N``... on the running one."""
+        proc = await asyncio.create_subprocess_exec(
+            "bash", str(self.SCRIPT), *args, str(self.path), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, **self.env, "HARD": "1" if hard else "0"})
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise
+        if proc.returncode != 0:
+            raise RuntimeError(f"rabbitmq_cluster.sh {' '.join(args)}:\n{out.decode()}")
+        return out.decode()
+
+    def rotated(self, first: int) -> str:
+        """IM_AMQP_URL starting at node ``first`` (1-based), then round the list."""
+        i = first - 1
+        return ",".join(self.urls[i:] + self.urls[:i])

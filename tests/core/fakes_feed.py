@@ -45,6 +45,10 @@ class FakeFollows(Faulty):
             sorted(a for a, b in self.edges if b == user)
         return [i for i in ids if not after or i > after][:limit]
 
+    async def existing(self, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        self._up("existing")
+        return {p for p in pairs if p in self.edges}
+
     async def all_following(self, user: str) -> list[str]:
         return await self.page_ids("following", user, None, 1_000_000)
 
@@ -123,6 +127,12 @@ class FakePosts(Faulty):
         new = (post, user) not in self.likes
         self.likes.add((post, user))
         return new
+
+    async def unlike(self, post: int, user: str) -> bool:
+        self._up("unlike")
+        gone = (post, user) in self.likes
+        self.likes.discard((post, user))
+        return gone
 
     async def pullers(self) -> dict[str, int]:
         self._up("pullers")

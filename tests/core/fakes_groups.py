@@ -1,13 +1,13 @@
 """In-memory fakes of the group store Protocols (``GroupStore``, ``GroupCache``)
-and of the membership-change sender (``gateway.groups.ControlSender``); see
-``fakes.py`` for what the fakes promise."""
+and of the membership-change sender (``gateway.group_admin.GroupNotifier``);
+see ``fakes.py`` for what the fakes promise."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from core.errors import Unavailable
+from store.errors import GroupGone
 from store.records import GroupMessage, GroupState, Membership
 from tests.core.fakes import Faulty
 
@@ -26,6 +26,7 @@ class FakeGroupStore(Faulty):
         super().__init__()
         self.groups: dict[str, dict[str, Any]] = {}
         self.members: dict[str, dict[str, Membership]] = {}
+        self.formers: dict[str, dict[str, Membership]] = {}  # of dissolved groups
         self.msgs: dict[str, dict[int, GroupMessage | None]] = {}
         self.allocations: list[tuple[str, int]] = []
         self.inserts: list[list[GroupMessage]] = []
@@ -70,6 +71,56 @@ class FakeGroupStore(Faulty):
         self._up("user_groups")
         return {g: ms[user] for g, ms in self.members.items() if user in ms}
 
+    async def memberships(self, group: str, users: Sequence[str]) -> dict[str, Membership]:
+        self._up("memberships")
+        mine = self.members.get(group, {})
+        return {u: mine[u] for u in users if u in mine}
+
+    async def page_members(self, group: str, after: str | None, limit: int) -> list[str]:
+        self._up("page_members")
+        return sorted(u for u in self.members.get(group, {}) if after is None or u > after
+                      )[:limit]
+
+    async def former(self, group: str, user: str) -> Membership | None:
+        self._up("former")
+        return self.formers.get(group, {}).get(user)
+
+    async def get_many(self, groups: Sequence[str]) -> dict[str, dict[str, Any]]:
+        self._up("get_many")
+        return {g: dict(self.groups[g]) for g in groups if g in self.groups}
+
+    async def lock(self, group: str, token: str, now_ms: int, ttl_ms: int) -> bool | None:
+        self._up("lock")
+        doc = self.groups.get(group)
+        if doc is None:
+            return None
+        if doc.get("lk", 0) > now_ms:
+            return False
+        doc.update(lk=now_ms + ttl_ms, lkt=token)
+        return True
+
+    async def unlock(self, group: str, token: str) -> None:
+        self._up("unlock")
+        doc = self.groups.get(group)
+        if doc is not None and doc.get("lkt") == token:
+            doc.update(lk=0, lkt="")
+
+    async def set_info(self, group: str, *, name: str | None = None,
+                       owner: str | None = None) -> None:
+        self._up("set_info")
+        doc = self.groups[group]
+        doc.update({k: v for k, v in (("name", name), ("owner", owner)) if v is not None})
+
+    async def dissolve(self, group: str) -> None:
+        self._up("dissolve")
+        self.groups[group]["dissolved"] = True
+
+    async def retire_members(self, group: str) -> list[str]:
+        self._up("retire_members")
+        gone = self.formers.setdefault(group, {})
+        gone.update(self.members.pop(group, {}))
+        return sorted(gone)
+
     async def set_reads(self, reads: Sequence[tuple[str, str, int]]) -> None:
         self._up("set_reads")
         for user, group, seq in reads:
@@ -80,8 +131,8 @@ class FakeGroupStore(Faulty):
     async def allocate(self, group: str, n: int, lastmid: int, rdmid: int) -> int:
         self._up("allocate")
         doc = self.groups.get(group)
-        if doc is None:
-            raise Unavailable("mongo", "group vanished")
+        if doc is None or doc.get("dissolved"):
+            raise GroupGone(group)
         doc["seq"] += n
         doc["lastmid"] = max(doc["lastmid"], lastmid)
         doc["rdmid"] = max(doc["rdmid"], rdmid)
@@ -127,6 +178,10 @@ class FakeGroupStore(Faulty):
         return sorted((m for m in seen if before is None or m.mid < before),
                       key=lambda m: m.mid, reverse=True)[:limit]
 
+    async def message(self, group: str, mid: int) -> GroupMessage | None:
+        self._up("message")
+        return next((m for m in self._live(group) if m.mid == mid), None)
+
     async def seq_of(self, group: str, mid: int) -> int | None:
         self._up("seq_of")
         return next((m.seq for m in self._live(group) if m.mid == mid), None)
@@ -145,7 +200,7 @@ class FakeGroupCache(Faulty):
     def __init__(self) -> None:
         super().__init__()
         self.member_sets: dict[str, set[str]] = {}
-        self.memberships: dict[str, dict[str, Membership]] = {}  # user -> group -> it
+        self.by_user: dict[str, dict[str, Membership]] = {}  # user -> group -> it
         self.state: dict[str, GroupState] = {}
         self.records: list[tuple[str, int, int, bytes, int]] = []
 
@@ -166,27 +221,37 @@ class FakeGroupCache(Faulty):
         self._up("added")
         self.member_sets.setdefault(group, set()).update(users)
         for u in users:
-            self.memberships.setdefault(u, {})[group] = Membership(from_seq, from_seq)
+            self.by_user.setdefault(u, {})[group] = Membership(from_seq, from_seq)
 
     async def removed(self, group: str, user: str) -> None:
         self._up("removed")
         self.member_sets.get(group, set()).discard(user)
-        self.memberships.get(user, {}).pop(group, None)
+        self.by_user.get(user, {}).pop(group, None)
+
+    async def dissolved(self, group: str, users: Sequence[str]) -> None:
+        self._up("dissolved")
+        self.member_sets[group] = set()
+        for u in users:
+            self.by_user.get(u, {}).pop(group, None)
+
+    async def memberships(self, group: str, users: Sequence[str]) -> dict[str, Membership]:
+        self._up("memberships")
+        return {u: self.by_user[u][group] for u in users if group in self.by_user.get(u, {})}
 
     async def user_groups(self, user: str) -> dict[str, Membership]:
         self._up("user_groups")
-        return dict(self.memberships.get(user, {}))
+        return dict(self.by_user.get(user, {}))
 
     async def groups_of(self, users: Sequence[str]) -> list[list[str]]:
         self._up("groups_of")
-        return [sorted(self.memberships.get(u, {})) for u in users]
+        return [sorted(self.by_user.get(u, {})) for u in users]
 
     async def set_read(self, user: str, group: str, seq: int) -> int | None:
         self._up("set_read")
-        m = self.memberships.get(user, {}).get(group)
+        m = self.by_user.get(user, {}).get(group)
         if m is None:
             return None
-        self.memberships[user][group] = Membership(m.from_seq, max(m.read_seq, seq))
+        self.by_user[user][group] = Membership(m.from_seq, max(m.read_seq, seq))
         return max(m.read_seq, seq)
 
     async def states(self, groups: Iterable[str]) -> dict[str, GroupState]:
@@ -211,19 +276,32 @@ class FakeGroupCache(Faulty):
 
 
 class FakeControl:
-    """``gateway.groups.ControlSender``: records each membership change told."""
+    """``gateway.group_admin.GroupNotifier``: records each membership change
+    told and each push, and all of them in order (``log``)."""
 
     def __init__(self) -> None:
         self.told: list[tuple[list[str], dict[str, Any]]] = []
+        self.published: list[tuple[str, bytes]] = []  # (group, frame)
+        self.pushed: list[tuple[list[str], bytes]] = []  # (users, frame)
+        self.log: list[tuple[str, Any]] = []
 
     async def tell(self, users: list[str], ctl: dict[str, Any]) -> None:
         self.told.append((list(users), dict(ctl)))
+        self.log.append(("tell", (list(users), dict(ctl))))
+
+    async def publish_group_confirmed(self, group: str, frame: bytes) -> None:
+        self.published.append((group, frame))
+        self.log.append(("group", (group, frame)))
+
+    async def push_users(self, users: Sequence[str], frame: bytes) -> None:
+        self.pushed.append((list(users), frame))
+        self.log.append(("push", (list(users), frame)))
 
 
 if TYPE_CHECKING:  # mypy proves each fake satisfies its Protocol
-    from gateway.groups import ControlSender
+    from gateway.group_admin import GroupNotifier
     from store.ports import GroupCache, GroupStore
 
     _gs: GroupStore = FakeGroupStore()
     _gc: GroupCache = FakeGroupCache()
-    _c: ControlSender = FakeControl()
+    _c: GroupNotifier = FakeControl()

@@ -30,8 +30,8 @@ def plain(entry: Any) -> Any:
 
 
 async def groups_of_bob(world: World) -> tuple[str, str]:
-    big = await world.groups.create("alice", "big", ["bob", "carol"])  # read-diffused
-    small = await world.groups.create("dave", "small", ["bob"])  # write-diffused
+    big = await world.admin.create("alice", "big", ["bob", "carol"])  # read-diffused
+    small = await world.admin.create("dave", "small", ["bob"])  # write-diffused
     return big, small
 
 
@@ -63,7 +63,7 @@ async def test_sync_merges_in_mid_order_and_cuts_at_the_limit(world: World) -> N
 async def test_sync_sees_read_diffused_groups_only_after_the_join(world: World) -> None:
     big, _ = await groups_of_bob(world)
     before = await world.groups.send("alice", big, "g0", "before erin")
-    await world.groups.add("alice", big, ["erin"])
+    await world.admin.add("alice", big, ["erin"])
     after = await world.groups.send("alice", big, "g1", "after erin")
     page = await world.conversations.sync("erin", 0, 10)
     assert [plain(m)["mid"] for m in page.msgs] == [after.mid]
@@ -73,7 +73,7 @@ async def test_sync_sees_read_diffused_groups_only_after_the_join(world: World) 
 
 async def test_conversations_sum_both_sides_newest_first(world: World) -> None:
     big, small = await groups_of_bob(world)
-    quiet = await world.groups.create("alice", "quiet", ["bob", "carol"])  # no message
+    quiet = await world.admin.create("alice", "quiet", ["bob", "carol"])  # no message
     await world.chat.send("alice", "bob", "a1", "a1")
     await world.chat.send("alice", "bob", "a2", "a2")
     await world.groups.send("carol", big, "g1", "g1")

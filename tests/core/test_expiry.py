@@ -22,7 +22,9 @@ async def test_each_is_closed_after_its_exp_and_not_before():
     closed: list[tuple[str, float]] = []
     wheel = ExpiryWheel(lambda c: closed.append((c.name, time.time())))
     now = time.time()
-    exps = {"past": now - 5, "a": now + 0.3, "b": now + 1.2, "c": now + 1.25}
+    # b and c share a second, a second after a's at least (a's bucket, ceil(exp),
+    # ends before now + 1.3): a is closed strictly before them.
+    exps = {"past": now - 5, "a": now + 0.3, "b": now + 2.2, "c": now + 2.25}
     for name, exp in exps.items():
         wheel.set(Conn(name), exp)  # type: ignore[arg-type]
     assert await until(lambda: len(closed) == 4, timeout=5)

@@ -46,33 +46,33 @@ def stored(world: World, group: str, r: GroupSendResult) -> GroupMessage:
 
 async def test_create_add_remove_tell_the_users_devices(world: World) -> None:
     told = world.control.told
-    g = await world.groups.create("alice", "team", ["bob", "carol", "bob"])
+    g = await world.admin.create("alice", "team", ["bob", "carol", "bob"])
     assert told == [(["alice", "bob", "carol"], {"op": "gadd", "g": g})]
     assert await world.stores.group_cache.is_member(g, "carol")
 
-    await world.groups.add("alice", g, ["dave", "bob", "dave"])  # bob is in already
+    await world.admin.add("alice", g, ["dave", "bob", "dave"])  # bob is in already
     assert told[-1] == (["dave"], {"op": "gadd", "g": g})
-    await world.groups.remove("alice", g, "carol")
+    await world.admin.remove("alice", g, "carol")
     assert told[-1] == (["carol"], {"op": "gdel", "g": g})
     assert not await world.stores.group_cache.is_member(g, "carol")
 
-    await world.groups.remove("alice", g, "carol")  # not a member any more: nobody told
+    await world.admin.remove("alice", g, "carol")  # not a member any more: nobody told
     assert len(told) == 3
-    assert await code_of(world.groups.add("bob", g, ["erin"])) == "forbidden"
-    assert await code_of(world.groups.remove("alice", g, "alice")) == "bad_request"
-    assert await code_of(world.groups.add("alice", "nope", ["erin"])) == "not_found"
+    assert await code_of(world.admin.add("bob", g, ["erin"])) == "forbidden"
+    assert await code_of(world.admin.remove("alice", g, "alice")) == "bad_request"
+    assert await code_of(world.admin.add("alice", "nope", ["erin"])) == "not_found"
     assert len(told) == 3
 
 
 async def test_a_non_member_cannot_send(world: World) -> None:
-    g = await world.groups.create("alice", "team", ["bob"])
+    g = await world.admin.create("alice", "team", ["bob"])
     assert await code_of(world.groups.send("carol", g, "c1", "hi")) == "forbidden"
     assert world.stores.groups.allocations == [] and world.stores.dedup.values == {}
 
 
 async def test_seqs_are_consecutive_per_group_across_one_batch(world: World) -> None:
-    g1 = await world.groups.create("alice", "one", ["bob"])
-    g2 = await world.groups.create("alice", "two", ["carol"])
+    g1 = await world.admin.create("alice", "one", ["bob"])
+    g2 = await world.admin.create("alice", "two", ["carol"])
     order = [g1, g2, g1, g2, g1, g1]
     results = await asyncio.gather(*(world.groups.send("alice", g, f"c{i}", i)
                                      for i, g in enumerate(order)))
@@ -89,8 +89,8 @@ async def test_seqs_are_consecutive_per_group_across_one_batch(world: World) -> 
 
 
 async def test_small_groups_are_write_diffused_big_ones_are_not(world: World) -> None:
-    small = await world.groups.create("alice", "small", ["bob", "carol"])
-    big = await world.groups.create("alice", "big", ["bob", "carol", "dave"])
+    small = await world.admin.create("alice", "small", ["bob", "carol"])
+    big = await world.admin.create("alice", "big", ["bob", "carol", "dave"])
     rs = await world.groups.send("bob", small, "s1", "to the few")
     rb = await world.groups.send("bob", big, "b1", "to the many")
     st = world.stores
@@ -109,7 +109,7 @@ async def test_small_groups_are_write_diffused_big_ones_are_not(world: World) ->
 
 
 async def test_the_frame_is_encoded_once_and_the_same_bytes_go_everywhere(world: World) -> None:
-    g = await world.groups.create("alice", "small", ["bob"])
+    g = await world.admin.create("alice", "small", ["bob"])
     r = await world.groups.send("alice", g, "c1", {"t": "hi"})
     assert r.frame is not None and r.ts == mid_time_ms(r.mid)
     assert orjson.loads(r.frame) == group_frame(stored(world, g, r))
@@ -121,7 +121,7 @@ async def test_the_frame_is_encoded_once_and_the_same_bytes_go_everywhere(world:
 
 
 async def test_a_failed_insert_raises_and_its_seqs_get_tombstones(world: World) -> None:
-    g = await world.groups.create("alice", "team", ["bob"])
+    g = await world.admin.create("alice", "team", ["bob"])
     st = world.stores.groups
     st.fail("insert")
     failed = await asyncio.gather(world.groups.send("alice", g, "c1", "x"),
@@ -142,7 +142,7 @@ async def test_a_failed_insert_raises_and_its_seqs_get_tombstones(world: World) 
 
 
 async def test_resends_are_answered_from_the_dedup_value(world: World) -> None:
-    g = await world.groups.create("alice", "team", ["bob"])
+    g = await world.admin.create("alice", "team", ["bob"])
     first = await world.groups.send("alice", g, "c1", "hi")
     again = await world.groups.send("alice", g, "c1", "hi")
     assert (again.mid, again.seq, again.frame) == (first.mid, first.seq, None)
@@ -153,7 +153,7 @@ async def test_resends_are_answered_from_the_dedup_value(world: World) -> None:
 
 
 async def test_a_resend_the_store_knows_gets_the_original_and_burns_its_seq(world: World) -> None:
-    g = await world.groups.create("alice", "team", ["bob"])
+    g = await world.admin.create("alice", "team", ["bob"])
     first = await world.groups.send("alice", g, "c1", "hi")
     world.stores.dedup.values.clear()  # Redis lost the dedup keys
     again = await world.groups.send("alice", g, "c1", "hi")
@@ -163,15 +163,15 @@ async def test_a_resend_the_store_knows_gets_the_original_and_burns_its_seq(worl
 
 
 async def test_read_returns_seq_minus_read_seq(world: World) -> None:
-    g = await world.groups.create("alice", "team", ["bob"])
+    g = await world.admin.create("alice", "team", ["bob"])
     sent = [await world.groups.send("alice", g, f"c{i}", i) for i in range(5)]
     assert await world.groups.read("bob", g, sent[2].mid) == 2  # read 3 of 5
-    assert world.stores.group_cache.memberships["bob"][g].read_seq == 3
+    assert world.stores.group_cache.by_user["bob"][g].read_seq == 3
     assert world.stores.groups.members[g]["bob"].read_seq == 3
     assert await world.groups.read("bob", g, sent[0].mid) == 2  # never moves back
     assert await world.groups.read("alice", g, sent[0].mid) == 0  # own messages are read
 
-    await world.groups.add("alice", g, ["carol"])  # joins at seq 5
+    await world.admin.add("alice", g, ["carol"])  # joins at seq 5
     r = await world.groups.send("alice", g, "c9", "after carol joined")
     assert await world.groups.read("carol", g, sent[0].mid) == 1
     assert await world.groups.read("carol", g, r.mid) == 0
@@ -180,9 +180,9 @@ async def test_read_returns_seq_minus_read_seq(world: World) -> None:
 
 
 async def test_history_starts_after_the_member_joined(world: World) -> None:
-    g = await world.groups.create("alice", "team", ["bob"])
+    g = await world.admin.create("alice", "team", ["bob"])
     before = await world.groups.send("alice", g, "c0", "old")
-    await world.groups.add("alice", g, ["carol"])
+    await world.admin.add("alice", g, ["carol"])
     after = [await world.groups.send("bob", g, f"c{i}", i) for i in range(1, 4)]
     page, cursor = await world.groups.history("carol", g, None, 2)
     assert [f["mid"] for f in page] == [after[2].mid, after[1].mid]

@@ -89,3 +89,10 @@ def test_merge_conversations_newest_first():
 
 def test_merge_conversations_equal_mids_keep_direct_first():
     assert merge_conversations([(5, "d")], [(5, "g")], 5) == ["d", "g"]
+
+
+def test_group_unread_leaves_out_recalled_seqs_after_the_read():
+    # seq 10, read up to 6: 7..10 unread; 8 and 3 recalled (3 was read anyway).
+    assert group_unread(10, 6, 0, (3, 8)) == 3
+    assert group_unread(10, 6, 8, (8, 9)) == 1  # joined at 8: only 9, 10; 9 recalled
+    assert group_unread(10, 10, 0, (10,)) == 0

@@ -1,6 +1,6 @@
 """The chat side of a node built from fakes, exactly as ``gateway.app.compose``
 builds it from the real stores: claims, 1:1 chat, groups (with their write
-diffusion) and the conversations facade. No servers."""
+diffusion and their administration) and the conversations facade. No servers."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from gateway.chat import ChatService
 from gateway.claims import Claims
 from gateway.config import Settings
 from gateway.conversations import Conversations
+from gateway.group_admin import GroupAdmin
 from gateway.groups import GroupService
 from gateway.metrics import NodeMetrics
 from router.group_fanout import GroupDiffusion
@@ -42,6 +43,7 @@ class World:
     claims: Claims
     chat: ChatService
     groups: GroupService
+    admin: GroupAdmin
     control: FakeControl
     conversations: Conversations
 
@@ -64,6 +66,7 @@ def build(settings: Settings | None = None, *, node: int = 1,
     diffusion = GroupDiffusion(f.group_cache, f.messages, f.offline)
     control = FakeControl()
     groups = GroupService(f.groups, f.group_cache, claims, mids, diffusion, f.offline,
-                          control, s, metrics)
+                          s, metrics)
+    admin = GroupAdmin(f.groups, f.group_cache, control, s)
     conversations = Conversations(chat, groups, s.sync_settle_ms)
-    return World(f, claims, chat, groups, control, conversations)
+    return World(f, claims, chat, groups, admin, control, conversations)

@@ -19,9 +19,10 @@ async def nothing_stored(user, mongo_db, redis_client):
     assert await mongo_db.boxes.count_documents({"owner": user}) == 0
     keys = [k async for k in redis_client.scan_iter(match=f"{RUN_NS}:*{{{user}}}*")]
     # A connected device has a route, its (empty) group list is cached at
-    # connect, and a disconnected one leaves its last-seen time (presence);
-    # nothing else of the user may exist.
-    assert [k for k in keys if not any(t in k for t in (b":rt:", b":ug:", b":seen:"))] == []
+    # connect, its presence is announced (``pr``), and a disconnected one
+    # leaves its last-seen time; nothing else of the user may exist.
+    assert [k for k in keys
+            if not any(t in k for t in (b":rt:", b":ug:", b":seen:", b":pr:"))] == []
     for k in keys:
         if b":ug:" in k:
             assert await redis_client.hgetall(k) == {b"~": b"1"}

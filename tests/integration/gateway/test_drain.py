@@ -1,7 +1,10 @@
 """SIGTERM drains a node process: clients are told to reconnect and closed with
-1001, its routes and heartbeat are removed, it exits 0."""
+1001, its routes are removed and its heartbeat ended (known dead at once), it
+exits 0."""
 
 from __future__ import annotations
+
+import time
 
 from store.keys import Keys
 from tests.conftest import RUN_NS, uid
@@ -21,4 +24,4 @@ async def test_sigterm_drains_the_node(node_process, connect, redis_client):
         assert await c.wait_closed() == 1001
     assert await node.wait(15) == 0
     assert all([await redis_client.hlen(keys.routes(u)) == 0 for u in users])
-    assert not await redis_client.zscore(keys.nodes(), node.name)
+    assert (await redis_client.zscore(keys.nodes(), node.name) or 0) <= time.time()

@@ -4,51 +4,23 @@ published at least once across a broker outage, never delaying a send."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aio_pika
-import orjson
 import pytest
 
+from testkit.events import EventQueue, bind_events
 from testkit.poll import until
 from tests.conftest import RUN_NS, base_settings, settle, uid
 from tests.integration.router.test_failover import amqp_port, amqp_through
 
 
-class EventQueue:
-    """A queue of the test's own bound to ``{RUN_NS}.events`` (``offline.#``),
-    as a product's offline-push service would bind one."""
-
-    def __init__(self, queue: aio_pika.abc.AbstractQueue) -> None:
-        self.queue = queue
-        self.seen: list[dict[str, Any]] = []
-
-    async def until(self, count: int, timeout: float = 15) -> list[dict[str, Any]]:
-        """Events until ``count`` of them arrived, or ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while len(self.seen) < count and time.monotonic() < deadline:
-            msg = await self.queue.get(no_ack=True, fail=False)
-            if msg is None:
-                await asyncio.sleep(0.05)
-                continue
-            assert msg.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
-            self.seen.append(orjson.loads(msg.body))
-        return self.seen
-
-
 @pytest.fixture
 async def events() -> AsyncIterator[EventQueue]:
+    """The run's events as an offline-push service would bind them (``offline.#``)."""
     conn = await aio_pika.connect(base_settings().amqp_url.split(",")[0].strip(), timeout=10)
     try:
-        channel = await conn.channel()
-        exchange = await channel.declare_exchange(f"{RUN_NS}.events",
-                                                  aio_pika.ExchangeType.TOPIC, durable=True)
-        queue = await channel.declare_queue(exclusive=True)
-        await queue.bind(exchange, routing_key="offline.#")
-        yield EventQueue(queue)
+        yield EventQueue(await bind_events(await conn.channel(), RUN_NS, "offline.#"))
     finally:
         await conn.close()
 

@@ -111,6 +111,7 @@ async def test_disconnect_closes_on_the_other_node_with_4003(two, client, connec
     a, b = two
     user = uid()
     d = await connect(b, user)
+    await d.request("ping")  # served: its route is written (a device is served only then)
     assert (await call(client, a, "POST", f"users/{user}/disconnect")).json() == {"ok": True}
     assert await d.wait_closed(timeout=10) == 4003
 
@@ -119,6 +120,7 @@ async def test_ban_refuses_handshakes_and_calls_everywhere_until_unbanned(two, c
     a, b = two
     user = uid()
     d = await connect(b, user)
+    await d.request("ping")  # served: its route is written
     r = await call(client, a, "POST", f"users/{user}/ban", json={"seconds": 600})
     assert r.json() == {"ok": True}
     assert await d.wait_closed(timeout=10) == 4003
@@ -141,6 +143,7 @@ async def test_revoke_closes_connections_of_older_tokens_and_refuses_them(two, c
                       "exp": int(time.time()) + 600}, SECRET, "HS256")
     d = await Device.open(b.ws_port, old)
     try:
+        await d.request("ping")  # served: its route is written
         before = int(time.time()) - 10
         r = await call(client, a, "POST", f"users/{user}/revoke", json={"before": before})
         assert r.json() == {"ok": True}

@@ -14,26 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from testkit.clusters import LocalRabbit
 from testkit.device import Device
-from testkit.nodes import REPO, NodeProcess
+from testkit.nodes import NodeProcess
 from testkit.poll import until
 from testkit.probe import sample
 from tests.conftest import token, uid
 
-SCRIPT = REPO / "scripts" / "rabbitmq_cluster.sh"
 # Room traffic in this test is counted exactly: no per-member delivery cap, no
 # send limit in the way; fast heartbeats so the nodes learn each other soon.
 GATEWAY = {"metrics_public": 1, "room_rate_cap": 0, "room_send_rate": 1000,
@@ -43,47 +40,15 @@ _LOG_TIME = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 _seq = itertools.count(1)
 
 
-@dataclass
-class Cluster:
-    """The running cluster: its directory and its nodes' AMQP URLs (node N: urls[N-1])."""
-
-    path: Path
-    urls: list[str]
-
-    async def script(self, *args: str, hard: bool = False, timeout: float = 90) -> str:
-        env = {"HARD": "1" if hard else "0"}
-        proc = await asyncio.create_subprocess_exec(
-            "bash", str(SCRIPT), *args, str(self.path), stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, env={**os.environ, **env})
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise
-        assert proc.returncode == 0, f"rabbitmq_cluster.sh {' '.join(args)}:\n{out.decode()}"
-        return out.decode()
-
-    def rotated(self, first: int) -> str:
-        """IM_AMQP_URL starting at cluster node ``first`` (1..3), then round the list."""
-        i = first - 1
-        return ",".join(self.urls[i:] + self.urls[:i])
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    path = tmp_path_factory.mktemp("rmq") / "cluster"
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRabbit]:
+    rabbit = LocalRabbit(tmp_path_factory.mktemp("rmq") / "cluster")
     try:
-        done = subprocess.run(["bash", str(SCRIPT), "start", str(path)], capture_output=True,
-                              text=True, timeout=240, check=False)
-        assert done.returncode == 0, f"cluster did not start:\n{done.stdout}\n{done.stderr}"
-        urls = subprocess.run(["bash", str(SCRIPT), "urls", str(path)], capture_output=True,
-                              text=True, timeout=30, check=True).stdout.strip().split(",")
-        assert len(urls) == 3, urls
-        yield Cluster(path, urls)
+        rabbit.start()
+        assert len(rabbit.urls) == 3, rabbit.urls
+        yield rabbit
     finally:
-        subprocess.run(["bash", str(SCRIPT), "stop", str(path)], capture_output=True,
-                       timeout=240, check=False)
+        rabbit.stop()
 
 
 # -- reading a gateway from outside -------------------------------------------
