@@ -130,7 +130,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     hub = Hub(metrics, s.write_buffer_max)
     room_hub = RoomHub(hub, metrics, RoomLimits(
         window_s=s.room_window_ms / 1000, rate_cap=s.room_rate_cap, frame_max=s.max_frame,
-        buffer_max=s.room_buffer_max, pending_max=s.room_pending_max))
+        buffer_max=s.room_buffer_max, pending_max=s.room_pending_max,
+        reorder_s=s.room_reorder_ms / 1000))
     group_hub = GroupHub(hub)
     broker = make_broker(s.broker, s.amqp_url, s.namespace)
     bindings = Bindings(broker, metrics, s.room_unbind_delay_s, int(60 / s.room_report_s))
@@ -166,7 +167,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     group_admin = GroupAdmin(stores.groups, stores.group_cache, router, s)
     conversations = Conversations(chat, groups, s.sync_settle_ms)
     live = LiveRooms(name, s, metrics, room_hub, router, stores.rooms, bindings,
-                     stores.sanctions)
+                     stores.sanctions, stores.room_history)
     fanout = TimelineFanout(stores.posts, stores.follows, stores.timelines, stores.feed_cache,
                             router, feed_frame, timeline_max=s.feed_timeline_max,
                             queue_max=s.feed_queue_max)

@@ -59,13 +59,17 @@ def sample(frags: Sequence[bytes], prios: Sequence[int], allowed: int,
     return [f for i, (f, p) in enumerate(zip(frags, prios, strict=True)) if p or i in keep]
 
 
-def room_frames(room: str, frags: Sequence[bytes], max_bytes: int) -> list[bytes]:
+def room_frames(room: str, frags: Sequence[bytes], max_bytes: int,
+                epoch: str | None = None) -> list[bytes]:
     """``room_msgs`` frames carrying ``frags`` in order, each at most about
-    ``max_bytes`` (a single fragment larger than that still gets a frame).
+    ``max_bytes`` (a single fragment larger than that still gets a frame),
+    with the room's ``epoch`` when its messages are positioned.
 
-    ``room`` is a validated id (``[A-Za-z0-9_.:-]``), so it needs no escaping.
+    ``room`` is a validated id (``[A-Za-z0-9_.:-]``) and ``epoch`` hex, so
+    neither needs escaping.
     """
-    head = b'{"op":"room_msgs","room":"' + room.encode() + b'","msgs":['
+    head = b'{"op":"room_msgs","room":"' + room.encode() + (
+        b'","epoch":"' + epoch.encode() if epoch is not None else b"") + b'","msgs":['
     tail = b"]}"
     frames: list[bytes] = []
     chunk: list[bytes] = []

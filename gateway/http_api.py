@@ -197,8 +197,11 @@ def _rooms(app: FastAPI, deps: HttpDeps) -> None:
 
     @app.get("/v1/rooms/{room}", response_model=RoomOnline, responses=READ)
     async def room(_: User, room: Id) -> JSON:
-        """Members of a live room across all live nodes."""
-        return JSON({"room": room, "online": await live.online(room)})
+        """Members of a live room across all live nodes: ``online`` counts
+        connections, ``users`` distinct users (a user connected to the room
+        through two nodes counts twice)."""
+        conns, users = await live.online(room)
+        return JSON({"room": room, "online": conns, "users": users})
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -176,7 +176,9 @@ class GroupCreated(BaseModel):
 
 class RoomOnline(BaseModel):
     room: str
-    online: int
+    online: int = Field(description="connections in the room across live nodes")
+    users: int = Field(description="distinct users in the room, summed per node (a user "
+                       "connected through two nodes counts twice)")
 
 
 class Profile(BaseModel):

@@ -10,6 +10,11 @@ online counts, and the once-a-second housekeeping.
 - ``room_send``: checked, encoded once, queued for local members at once and
   published to the other nodes; the sender's ``ok`` waits for the broker's
   confirm of the envelope carrying it (``unavailable`` otherwise).
+- History (``IM_ROOM_HISTORY`` > 0, rooms v2): a message first takes its
+  position (``gateway/room_positions.py``: one Redis call per room per
+  window), then goes out as above. ``join`` binds first, then reads the room's
+  position and kept messages, so nothing falls between what the reply
+  carries and what arrives live (the two may overlap: clients dedup by pos).
 """
 
 from __future__ import annotations
@@ -18,23 +23,26 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
 
 from core.batcher import Batcher
 from core.ratelimit import KeyedBuckets
+from core.room_history import RoomLog, catch_up
 from gateway.bindings import Bindings
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.frames import body_value
 from gateway.hub import Client
 from gateway.metrics import NodeMetrics
+from gateway.room_positions import RoomPositions
 from gateway.rooms import RoomHub
 from router import BrokerUnavailable, Router
 from router.routing import parse_key, room_key
 from store.errors import Unavailable
-from store.ports import RoomCountStore, SanctionStore
+from store.ports import RoomCountStore, RoomHistoryStore, SanctionStore
 
 RoomMutes = SanctionStore  # the room mutes, read at join
 
@@ -48,7 +56,7 @@ class LiveRooms:
 
     def __init__(self, node: str, settings: Settings, metrics: NodeMetrics, rooms: RoomHub,
                  router: Router, counts: RoomCountStore, bindings: Bindings,
-                 mutes: RoomMutes) -> None:
+                 mutes: RoomMutes, history: RoomHistoryStore) -> None:
         self.node = node
         self.settings = settings
         self.metrics = metrics
@@ -63,13 +71,50 @@ class LiveRooms:
         self._muted: dict[tuple[str, str], float] = {}
         self._buckets = KeyedBuckets(settings.room_send_rate, settings.room_send_burst)
         self._last_refresh = time.monotonic()
-        self._report: Batcher[str, int] = Batcher(
+        self._report: Batcher[str, tuple[int, int]] = Batcher(
             self._flush_counts, name="room-counts", max_batch=settings.batch_max,
+            max_pending=settings.pending_max)
+        self.history = history
+        self.positions: RoomPositions | None = None
+        if settings.room_history > 0:
+            self.positions = RoomPositions(
+                history, rooms.deliver_room, router.publish_room, metrics,
+                window_s=settings.room_window_ms / 1000, pending_max=settings.room_pending_max)
+        self._logs: Batcher[tuple[str, bool], RoomLog] = Batcher(
+            history.read, name="redis", max_batch=settings.batch_max,
             max_pending=settings.pending_max)
 
     # -- ops -----------------------------------------------------------------
-    async def join(self, client: Client, room: str) -> int:
-        """Join; return the room's online count across nodes."""
+    async def join(self, client: Client, room: str, history: int = 0,
+                   since: tuple[str, int] | None = None) -> dict[str, Any]:
+        """Join: the ``joined`` reply's fields (``online``; with history kept,
+        ``epoch``, ``pos`` and ``msgs``, and ``recovered`` when ``since`` is
+        given)."""
+        if self.positions is None:  # no history kept: nothing can be recovered
+            online, _ = await self._join(client, room, None)
+            out: dict[str, Any] = {"online": online[0], "users": online[1]}
+            if since is not None:
+                out.update(msgs=[], recovered=False)
+            return out
+        want = history > 0 or since is not None
+        online, log = await self._join(client, room, want)
+        assert log is not None
+        self.rooms.expect(room, log.epoch, log.last)
+        got = catch_up(log, now_ms=int(time.time() * 1000),
+                       max_age_ms=int(self.settings.room_history_ttl_s * 1000),
+                       history=history, since=since)
+        out = {"online": online[0], "users": online[1], "epoch": log.epoch, "pos": log.last}
+        if want:
+            out["msgs"] = [orjson.Fragment(m) for m in got.msgs]
+        if got.recovered is not None:
+            out["recovered"] = got.recovered
+        return out
+
+    async def _join(self, client: Client, room: str, want: bool | None
+                    ) -> tuple[tuple[int, int], RoomLog | None]:
+        """Join here; the room's online count across nodes and, unless ``want``
+        is None, its position (and kept messages if ``want``), read once the
+        room is bound here."""
         joined = client.rooms or ()
         if room not in joined and len(joined) >= self.settings.room_max_per_conn:
             raise ProtocolError("forbidden", f"a connection may be in at most "
@@ -80,7 +125,11 @@ class LiveRooms:
         self.rooms.join(client, room)
         await self.bindings.ensure(room_key(room))
         try:
-            return await self._report.submit(room)
+            if want is None:
+                return await self._report.submit(room), None
+            online, log = await asyncio.gather(self._report.submit(room),
+                                               self._logs.submit((room, want)))
+            return online, log
         except Unavailable:
             self._left(client, room)  # refused: not counted, so not a member either
             raise
@@ -115,8 +164,14 @@ class LiveRooms:
             raise ProtocolError("rate_limited", "too many room messages; slow down")
         fragment = orjson.dumps({"from": client.user, "body": body_value(body),
                                  "ts": int(time.time() * 1000)})
-        self.rooms.deliver_room(room, fragment, prio)
         self.metrics.room_sends.labels("accepted").inc()
+        return self._out(room, fragment, prio)
+
+    def _out(self, room: str, fragment: bytes, prio: int) -> asyncio.Future[None]:
+        """To local members and the other nodes, positioned first when kept."""
+        if self.positions is not None:
+            return self.positions.submit(room, fragment, prio)
+        self.rooms.deliver_room(room, fragment, prio)
         return self.router.publish_room(room, fragment, prio)
 
     async def publish(self, room: str, body: bytes, prio: int, sender: str) -> None:
@@ -124,10 +179,9 @@ class LiveRooms:
         node's through the broker; returns once the broker confirmed it."""
         fragment = orjson.dumps({"from": sender, "body": body_value(body),
                                  "ts": int(time.time() * 1000)})
-        self.rooms.deliver_room(room, fragment, prio)
         self.metrics.room_sends.labels("server").inc()
         try:
-            await self.router.publish_room(room, fragment, prio)
+            await self._out(room, fragment, prio)
         except BrokerUnavailable as exc:
             raise Unavailable("rabbitmq", type(exc).__name__) from exc
 
@@ -159,8 +213,9 @@ class LiveRooms:
                         self._dirty.add(room)
                         client.write(frame, self.settings.reply_buffer_max)
 
-    async def online(self, room: str) -> int:
-        """Members of ``room`` across live nodes (a fresh read)."""
+    async def online(self, room: str) -> tuple[int, int]:
+        """``room``'s connections and users across live nodes (a fresh read; a
+        user with connections on two nodes counts on each)."""
         return (await self.counts.totals([room]))[room]
 
     @property
@@ -176,9 +231,12 @@ class LiveRooms:
         return True
 
     # -- counts --------------------------------------------------------------
-    async def _flush_counts(self, rooms: list[str]) -> list[int]:
-        totals = await self.counts.report(self.node, {r: self.rooms.count(r) for r in rooms})
+    async def _flush_counts(self, rooms: list[str]) -> list[tuple[int, int]]:
+        totals = await self.counts.report(self.node, self._local(rooms))
         return [totals[r] for r in rooms]
+
+    def _local(self, rooms: Iterable[str]) -> dict[str, tuple[int, int]]:
+        return {r: (self.rooms.count(r), self.rooms.users(r)) for r in rooms}
 
     # -- housekeeping (every room_report_s) ----------------------------------
     async def tick(self) -> None:
@@ -190,7 +248,7 @@ class LiveRooms:
         if self._dirty:
             dirty, self._dirty = self._dirty, set()
             try:
-                await self.counts.report(self.node, {r: self.rooms.count(r) for r in dirty})
+                await self.counts.report(self.node, self._local(dirty))
             except Unavailable as exc:
                 self._dirty |= dirty
                 log.warning("room counts not written: %s", exc)
@@ -204,6 +262,9 @@ class LiveRooms:
     async def close(self) -> None:
         """Drain: this node's members leave every count at once."""
         await self._report.close()
+        await self._logs.close()
+        if self.positions is not None:
+            await self.positions.close()
         with contextlib.suppress(Unavailable):
             await self.counts.forget_node(self.node, list(self.rooms.members))
 

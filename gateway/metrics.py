@@ -85,6 +85,13 @@ class NodeMetrics:
             "im_room_flush_seconds", "CPU time of one room flush (cap, encode, write to all)",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
             registry=r)
+        self.room_held = Counter(
+            "im_room_held_total", "Room flushes that held messages back for a missing "
+            "position (another node's message still crossing the broker)", registry=r)
+        self.room_positions = Counter(
+            "im_room_position_calls_total", "Redis calls positioning and keeping room "
+            "messages, by outcome (ok, unavailable); one per room per window", ["outcome"],
+            registry=r)
         self.room_bind_ops = Counter("im_room_bind_ops_total",
                                      "Room bindings made and removed on the broker", ["op"],
                                      registry=r)

@@ -68,7 +68,8 @@ class Node:
             heartbeat_ttl_s=s.heartbeat_ttl_s,
             limits=InboxLimits(offline_max=s.offline_max, offline_ttl_s=s.offline_ttl_s,
                                unread_cap=s.unread_cap, dedup_ttl_s=s.dedup_ttl_s),
-            encode_group_last=encode_group, mongo_w=s.mongo_w)
+            encode_group_last=encode_group, mongo_w=s.mongo_w,
+            room_history=(s.room_history, s.room_history_ttl_s))
         self.lease: NodeLease = self.stores.lease
         self._keeper: LeaseKeeper | None = None
         self._held_at = 0.0  # monotonic time the lease was last confirmed

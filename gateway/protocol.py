@@ -61,6 +61,8 @@ class GroupSend:
 class Join:
     id: object
     room: str
+    history: int = 0  # the room's last N messages in the reply
+    since: tuple[str, int] | None = None  # (epoch, pos): what followed it, and recovered
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,7 @@ class PresenceSub:
 
 MAX_TOKEN = 8192  # characters of a token in a refresh frame
 MAX_PRESENCE_USERS = 500  # users of one presence_sub / presence_unsub
+MAX_ROOM_HISTORY = 100  # messages a join may ask for
 Frame = (Send | GroupSend | Join | Leave | RoomSend | RecvAck | Read | Ping | Refresh | Recall
          | Typing | PresenceSub)
 
@@ -193,6 +196,25 @@ def _parse_room_send(obj: dict[str, Any], rid: object, max_body: int) -> RoomSen
     if prio not in (0, 1) or isinstance(prio, bool):
         raise ProtocolError("bad_request", "prio must be 0 or 1", rid)
     return RoomSend(rid, room, _body(obj, max_body, rid), int(prio))
+
+
+def _parse_join(obj: dict[str, Any], rid: object) -> Join:
+    room = check_id(obj.get("room"), "room", rid)
+    history = obj.get("history", 0)
+    if not isinstance(history, int) or isinstance(history, bool) \
+            or not 0 <= history <= MAX_ROOM_HISTORY:
+        raise ProtocolError("bad_request", f"history must be an integer in 0..{MAX_ROOM_HISTORY}",
+                            rid)
+    since = obj.get("since")
+    if since is None:
+        return Join(rid, room, history)
+    epoch = since.get("epoch") if isinstance(since, dict) else None
+    pos = since.get("pos") if isinstance(since, dict) else None
+    if not isinstance(epoch, str) or not 0 < len(epoch) <= 64 or not isinstance(pos, int) \
+            or isinstance(pos, bool) or not 0 <= pos <= MAX_MID:
+        raise ProtocolError("bad_request", 'since must be {"epoch": string of 1-64 characters, '
+                            f'"pos": integer in 0..{MAX_MID}}}', rid)
+    return Join(rid, room, history, (epoch, pos))
 
 
 def _parse_recv_ack(obj: dict[str, Any], rid: object) -> RecvAck:
@@ -289,9 +311,10 @@ def parse_frame(data: str | bytes, max_body: int) -> Frame:
         return Ping(rid)
     if op == "group_send":
         return _parse_group_send(obj, rid, max_body)
-    if op in ("join", "leave"):
-        room = check_id(obj.get("room"), "room", rid)
-        return Join(rid, room) if op == "join" else Leave(rid, room)
+    if op == "join":
+        return _parse_join(obj, rid)
+    if op == "leave":
+        return Leave(rid, check_id(obj.get("room"), "room", rid))
     if op == "room_send":
         return _parse_room_send(obj, rid, max_body)
     if op == "recall":

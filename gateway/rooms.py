@@ -11,6 +11,13 @@ flush. A flush applies the room's delivery cap, builds the ``room_msgs``
 frame(s) and their WebSocket wire bytes once, and hands the same bytes for
 every member to the node's ``SocketWriter`` (no await; a member whose write
 buffer is over the bound misses the frame, counted, and is noted as stuck).
+
+Positioned messages (``pos`` and ``epoch``, rooms v2) leave in position
+order: a flush sorts its window, and when positions are missing between the
+last one this node delivered and the window's, waits for them once, up to
+``reorder_s`` (the publishing nodes' messages cross the broker separately),
+then sends what it has. So a member sees a room's positions increase, and
+the highest it saw is where a recovery starts.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.connections import Client, ConnectionIndex
@@ -35,6 +43,20 @@ class RoomLimits:
     frame_max: int = 65_536  # bytes per room_msgs frame
     buffer_max: int = 262_144  # socket write buffer past which room frames skip a member
     pending_max: int = 10_000  # messages queued per room per window; more are dropped
+    reorder_s: float = 0.05  # a gap in a room's positions is waited for this long
+
+
+class _Window:
+    """A room's messages waiting for its next flush."""
+
+    __slots__ = ("frags", "prios", "poss", "epochs", "held")
+
+    def __init__(self) -> None:
+        self.frags: list[bytes] = []
+        self.prios: list[int] = []
+        self.poss: list[int] = []  # 0: not positioned (history off)
+        self.epochs: list[str | None] = []
+        self.held = False  # waited for missing positions once already
 
 
 class RoomHub:
@@ -46,7 +68,10 @@ class RoomHub:
         self.metrics = metrics
         self.limits = limits
         self.members: ConnectionIndex[str] = ConnectionIndex("rooms")
-        self._pending: dict[str, tuple[list[bytes], list[int]]] = {}
+        self._users: dict[str, dict[str, int]] = {}  # room -> user -> its connections here
+        self._pending: dict[str, _Window] = {}
+        # room -> (epoch, next position to send); epoch None: the room's first
+        self._next: dict[str, tuple[str | None, int]] = {}
         self._caps: dict[str, DeliveryCap] = {}
         self._last_flush: dict[str, float] = {}  # room -> loop time of its last flush
         self._rng = rng or random.Random()
@@ -60,6 +85,7 @@ class RoomHub:
         self._m_delivered = m.room_delivered
         self._m_skipped = m.room_skipped
         self._m_flush = m.room_flush_seconds
+        self._m_held = m.room_held
 
     # -- membership ----------------------------------------------------------
     @property
@@ -68,12 +94,17 @@ class RoomHub:
 
     def join(self, client: Client, room: str) -> bool:
         """Add ``client`` to ``room``; True if it is the room's first local member."""
+        if client.rooms is None or room not in client.rooms:
+            users = self._users.setdefault(room, {})
+            users[client.user] = users.get(client.user, 0) + 1
         first = self.members.add(room, client)
         self._gauges()
         return first
 
     def leave(self, client: Client, room: str) -> bool:
         """Remove ``client`` from ``room``; True if that emptied the room here."""
+        if client.rooms is not None and room in client.rooms:
+            self._user_left(room, client.user)
         emptied = self.members.remove(room, client)
         if emptied:
             self._forget(room)
@@ -83,55 +114,135 @@ class RoomHub:
     def leave_all(self, client: Client) -> tuple[list[str], list[str]]:
         """Remove ``client`` from every room: (rooms left, rooms emptied)."""
         left, emptied = self.members.remove_all(client)
+        for room in left:
+            self._user_left(room, client.user)
         for room in emptied:
             self._forget(room)
         if left:
             self._gauges()
         return left, emptied
 
+    def _user_left(self, room: str, user: str) -> None:
+        users = self._users.get(room)
+        if users is None:
+            return
+        n = users.get(user, 0) - 1
+        if n > 0:
+            users[user] = n
+        else:
+            users.pop(user, None)
+            if not users:
+                del self._users[room]
+
+    def expect(self, room: str, epoch: str | None, pos: int) -> None:
+        """A member joined when the room was at ``pos`` (of ``epoch``; None: no
+        message yet): later positions go out in order from there. Only for a
+        room whose order this node does not follow yet."""
+        if room in self.members and room not in self._next:
+            self._next[room] = (epoch, pos + 1)
+
     def count(self, room: str) -> int:
+        """Local connections in ``room``."""
         return self.members.count(room)
+
+    def users(self, room: str) -> int:
+        """Distinct users with a connection in ``room`` here."""
+        return len(self._users.get(room, ()))
 
     def _forget(self, room: str) -> None:
         """An emptied room keeps no state (a pending flush finds no members)."""
         self._caps.pop(room, None)
         self._last_flush.pop(room, None)
+        self._next.pop(room, None)
 
     def _gauges(self) -> None:
         self.metrics.rooms.set(len(self.members))
         self.metrics.room_members.set(self.memberships)
 
     # -- traffic -------------------------------------------------------------
-    def deliver_room(self, room: str, fragment: bytes, prio: int) -> None:
+    def deliver_room(self, room: str, fragment: bytes, prio: int, pos: int = 0,
+                     epoch: str | None = None) -> None:
         """Queue one message for this node's members of ``room``; never awaits."""
         self._m_in.inc()
         if room not in self.members:
             self._m_nobody.inc()
             return
-        pending = self._pending.get(room)
-        if pending is None:
-            pending = self._pending[room] = ([], [])
+        win = self._pending.get(room)
+        if win is None:
+            win = self._pending[room] = _Window()
             loop = asyncio.get_running_loop()
             wait = self._last_flush.get(room, -1e9) + self.limits.window_s - loop.time()
             if wait > 0:
                 loop.call_later(wait, self._flush, room)
             else:  # the next tick: what arrives in this one (an envelope) shares the frame
                 loop.call_soon(self._flush, room)
-        elif len(pending[0]) >= self.limits.pending_max and not prio:
+        elif len(win.frags) >= self.limits.pending_max and not prio:
             self._m_overflow.inc()
             return
-        pending[0].append(fragment)
-        pending[1].append(prio)
+        win.frags.append(fragment)
+        win.prios.append(prio)
+        win.poss.append(pos)
+        win.epochs.append(epoch)
 
     def _flush(self, room: str) -> None:
-        frags, prios = self._pending.pop(room)
+        win = self._pending.pop(room)
         members = self.members.get(room)
         if not members:
-            self._m_nobody.inc(len(frags))
+            self._m_nobody.inc(len(win.frags))
             return
-        self._last_flush[room] = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        self._last_flush[room] = loop.time()
         started = time.perf_counter()
+        runs = self._in_order(room, win)
+        if room in self._pending:  # a gap: the rest waits for it
+            loop.call_later(self.limits.reorder_s, self._flush, room)
         now = time.monotonic()
+        for epoch, frags, prios in runs:
+            self._send(room, members.values(), epoch, frags, prios, now)
+        self._m_flush.observe(time.perf_counter() - started)
+
+    def _in_order(self, room: str, win: _Window
+                  ) -> list[tuple[str | None, list[bytes], list[int]]]:
+        """The window's messages to send now, in position order, as runs of one
+        epoch; what follows a missing position is put back (held) once."""
+        epochs = win.epochs
+        if epochs[0] is None or len(set(epochs)) > 1:  # unpositioned, or a new epoch
+            if epochs[-1] is not None:
+                self._next[room] = (epochs[-1], win.poss[-1] + 1)
+            return [(e, [f], [p]) for e, f, p in zip(epochs, win.frags, win.prios,
+                                                      strict=True)] \
+                if epochs[0] is not None else [(None, win.frags, win.prios)]
+        epoch = epochs[0]
+        order = sorted(range(len(win.poss)), key=win.poss.__getitem__)
+        cut = len(order)
+        expected = self._next.get(room)
+        if expected is not None and expected[0] in (epoch, None) and not win.held:
+            nxt = expected[1]
+            for k, i in enumerate(order):
+                pos = win.poss[i]
+                if pos > nxt:
+                    cut = k
+                    break
+                nxt = max(nxt, pos + 1)  # (a late one, below nxt, goes now)
+        if cut < len(order):
+            self._m_held.inc()
+            rest = self._pending[room] = _Window()
+            rest.held = True
+            for i in order[cut:]:
+                rest.frags.append(win.frags[i])
+                rest.prios.append(win.prios[i])
+                rest.poss.append(win.poss[i])
+                rest.epochs.append(epoch)
+            order = order[:cut]
+        if not order:
+            return []
+        self._next[room] = (epoch, max(win.poss[order[-1]] + 1,
+                                       expected[1] if expected and expected[0] == epoch else 0))
+        return [(epoch, [win.frags[i] for i in order], [win.prios[i] for i in order])]
+
+    def _send(self, room: str, members: Iterable[Client], epoch: str | None,
+              frags: list[bytes], prios: list[int], now: float) -> None:
+        """The room's delivery cap, then one set of frames for every member."""
         lim = self.limits
         cap = self._caps.get(room)
         if cap is None:
@@ -145,10 +256,9 @@ class RoomHub:
             self._m_cap.inc(normal - allowed)
         if not frags:
             return
-        wires = [ws_text_frame(f) for f in room_frames(room, frags, lim.frame_max)]
-        written = self.hub.writer.write_each(members.values(), wires, lim.buffer_max,
+        wires = [ws_text_frame(f) for f in room_frames(room, frags, lim.frame_max, epoch)]
+        written = self.hub.writer.write_each(members, wires, lim.buffer_max,
                                              skipped=self._m_skipped)
         self._m_frames.inc(len(wires))
         self._m_writes.inc(written * len(wires))
         self._m_delivered.inc(written * len(frags))
-        self._m_flush.observe(time.perf_counter() - started)

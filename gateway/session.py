@@ -289,10 +289,10 @@ class Sessions:
         await self._guarded(client, f.id, lambda: self.chat.recv_ack(client.user, f.mids))
 
     async def _join(self, client: Client, f: p.Join) -> None:
-        online = await self._guarded(client, f.id, lambda: self.live.join(client, f.room))
-        if online is not None:
-            self._reply(client, {"op": "joined", "re": f.id, "room": f.room,
-                                 "online": online})
+        got = await self._guarded(client, f.id,
+                                  lambda: self.live.join(client, f.room, f.history, f.since))
+        if got is not None:
+            self._reply(client, {"op": "joined", "re": f.id, "room": f.room, **got})
 
     async def _leave(self, client: Client, f: p.Leave) -> None:
         async def leave() -> bool:
@@ -342,8 +342,8 @@ class Sessions:
             if fut.cancelled() or fut.exception() is not None:
                 self.metrics.room_sends.labels("unavailable").inc()
                 self._error(client, ProtocolError(
-                    "unavailable", "the broker did not take the message; other nodes' members "
-                    "may not get it", f.id))
+                    "unavailable", "the message was not taken (its position or the broker "
+                    "failed); other members may not get it", f.id))
             else:
                 self._send_bytes(client, ok)
 

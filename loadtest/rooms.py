@@ -13,19 +13,41 @@ serial. Each member ticks at a random phase of its own.
 Reported to locust as requests (request type ``room`` unless noted):
 
 - ``ws`` / ``connect``: TCP + WebSocket handshake (``ws`` / ``reconnect`` for
-  each attempt after a connection was lost or the node said ``reconnect``).
+  each attempt after a connection was lost, a blip or the node said ``reconnect``).
 - ``join``: join sent -> ``joined`` received.
 - ``send``: room_send sent -> ``ok`` received. A ``rate_limited`` error is a
   failure named ``send rate_limited``; other errors fail ``send`` with the code.
   Requests with no reply within ``--reply-timeout`` s fail as ``<op> timeout``.
-- ``fanout``: one per room message received whose body carries a send time
-  ``t`` (so also those of other locust worker processes), response time =
-  receive time - ``t`` (same machine clock), response length = that message's
-  share of its ``room_msgs`` frame. It includes the node's coalescing window
-  (``IM_ROOM_WINDOW_MS``, 25 ms) by design; messages sampled out by the
-  delivery cap (``IM_ROOM_RATE_CAP``) never arrive and are not counted.
-- ``reconnect``: a server ``reconnect`` frame or a lost connection, time to be
-  connected and joined again (the lost connection itself fails ``disconnected``).
+- ``fanout``: one per room message received in a ``room_msgs`` frame whose
+  body carries a send time ``t`` (so also those of other locust worker
+  processes), response time = receive time - ``t`` (same machine clock),
+  response length = that message's share of its ``room_msgs`` frame. It
+  includes the node's coalescing window (``IM_ROOM_WINDOW_MS``, 25 ms) by
+  design; messages sampled out by the delivery cap (``IM_ROOM_RATE_CAP``) never
+  arrive and are not counted. A message whose ``pos`` this member has seen
+  already (live, or in a ``joined`` reply) is not counted again.
+- ``reconnect``: a server ``reconnect`` frame, a lost connection or the end of
+  a blip, time to be connected and joined again (a lost connection itself fails
+  ``disconnected``; a blip does not).
+- ``recover``: after a reconnect, the rejoin carrying ``since`` = {epoch, the
+  highest ``pos`` received} sent -> ``joined`` received; response length = the
+  messages recovered (those of the ``joined`` reply when ``recovered`` is true,
+  else 0). Sent only with an epoch and a pos known: with history off on the
+  node (``IM_ROOM_HISTORY=0``, no ``epoch`` / ``pos``) the rejoin is a ``join``.
+  An error reply fails ``recover`` with its code; the member then joins plainly.
+- ``recovered true`` / ``recovered false``: the outcome of each ``recover``
+  (same response time and length); the count of each is its request count.
+  ``recovered: false`` (a new epoch, or messages after ``pos`` no longer kept,
+  or no ``recovered`` field) is not a failure.
+- ``blip``: with ``--blip-every S``, each member on average every S s
+  (exponential gaps) closes its socket abruptly (no close frame), stays away
+  ``--blip-for`` s and reconnects, recovering as above; response time = time
+  away. A blip due while not joined is skipped.
+
+Each member tracks its room's ``epoch`` and the highest ``pos`` received (from
+``room_msgs`` and ``joined``; the ``joined`` reply's ``pos`` counts as received)
+and dedups messages by ``pos`` (a window of the last few thousand positions);
+a new epoch resets both.
 
 The token is signed with ``--secret`` (env ``IM_AUTH_SECRET``, else the
 local secret a node on this machine made: ``IM_AUTH_SECRET_FILE``). User ids
@@ -43,6 +65,7 @@ import itertools
 import os
 import random
 import secrets
+import socket
 import sys
 import time
 from pathlib import Path
@@ -67,6 +90,7 @@ def _local_secret() -> str:
 
 RUN = secrets.token_hex(3)  # user ids and message bodies carry it
 _serial = itertools.count()
+_SEEN_MAX = 4096  # positions kept for dedup; then the oldest half is forgotten
 
 
 @events.init_command_line_parser.add_listener
@@ -84,6 +108,10 @@ def _options(parser: Any) -> None:
                    help="prio of the room sends (default 0)")
     g.add_argument("--reply-timeout", type=float, default=10.0, env_var="LT_REPLY_TIMEOUT",
                    help="seconds to wait for joined / ok before failing (default 10)")
+    g.add_argument("--blip-every", type=float, default=0.0, env_var="LT_BLIP_EVERY",
+                   help="mean seconds between one member's network blips (default 0: off)")
+    g.add_argument("--blip-for", type=float, default=2.0, env_var="LT_BLIP_FOR",
+                   help="seconds a member stays away on a blip (default 2)")
     g.add_argument("--nodes", default="", env_var="LT_NODES",
                    help="comma-separated ws:// URLs of several nodes (default: --host)")
     g.add_argument("--secret", default=os.environ.get("IM_AUTH_SECRET") or _local_secret(),
@@ -118,22 +146,32 @@ class RoomMember(User):
         self.node_index = self.serial % len(self.nodes)
         self.ws: websocket.WebSocket | None = None
         self.reader: gevent.Greenlet | None = None
+        self.blipper: gevent.Greenlet | None = None
         self.joined = Event()
         self.pending: dict[int, tuple[str, float]] = {}
         self.next_id = itertools.count(1)
         self.reconnect_started: float | None = None  # perf_counter when connection was lost
         self.next_tick: float | None = None  # time.monotonic() of the next tick
+        self.blip_until: float | None = None  # time.monotonic() a blip ends, while in one
         self.stopping = False
+        # The room's history as this member saw it: epoch, highest pos, pos seen.
+        self.epoch: str | None = None
+        self.last_pos: int | None = None
+        self.seen: set[int] = set()
+        self.seen_floor = -1  # positions at or below it count as seen
 
     # -- lifecycle -------------------------------------------------------------
     def on_start(self) -> None:
         self._connect_and_join("connect")  # on failure the reader retries
         self.reader = gevent.spawn(self._read_loop)
+        if self.opts.blip_every > 0:
+            self.blipper = gevent.spawn(self._blip_loop)
 
     def on_stop(self) -> None:
         self.stopping = True
-        if self.reader is not None:
-            self.reader.kill(block=False)
+        for g in (self.reader, self.blipper):
+            if g is not None:
+                g.kill(block=False)
         self._close()
 
     def wait_time(self) -> float:
@@ -158,7 +196,8 @@ class RoomMember(User):
 
     # -- connection --------------------------------------------------------------
     def _connect_and_join(self, name: str) -> bool:
-        """Open a WebSocket and send join; fires ``ws/<name>`` for the handshake."""
+        """Open a WebSocket and send join (``recover``, with ``since``, when this
+        member has an epoch and a pos); fires ``ws/<name>`` for the handshake."""
         url = self.nodes[self.node_index % len(self.nodes)]
         started = time.perf_counter()
         try:
@@ -172,14 +211,21 @@ class RoomMember(User):
         _fire("ws", name, started, 0)
         self.ws = ws
         self.joined.clear()
-        self._request("join", {"op": "join", "room": self.room})
+        join: dict[str, Any] = {"op": "join", "room": self.room}
+        if self.epoch is not None and self.last_pos is not None:
+            join["since"] = {"epoch": self.epoch, "pos": self.last_pos}
+            self._request("recover", join)
+        else:
+            self._request("join", join)
         return True
 
-    def _close(self) -> None:
+    def _close(self, abrupt: bool = False) -> None:
         ws, self.ws = self.ws, None
         self.joined.clear()
         if ws is not None:
             try:
+                if abrupt:
+                    raise ConnectionError("no close frame")
                 ws.close(timeout=1)
             except Exception:  # noqa: BLE001 - closing anyway
                 ws.shutdown()
@@ -198,6 +244,31 @@ class RoomMember(User):
                 return
             gevent.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    def _blip_loop(self) -> None:
+        """Every --blip-every s on average (exponential gaps): cut this member's
+        socket without a close frame; the reader stays away --blip-for s, then
+        reconnects and recovers. Skipped while not joined (e.g. reconnecting)."""
+        rate = 1.0 / self.opts.blip_every
+        while not self.stopping:
+            gevent.sleep(random.expovariate(rate))
+            ws = self.ws
+            if self.stopping or ws is None or ws.sock is None or not self.joined.is_set():
+                continue
+            self.blip_until = time.monotonic() + max(0.0, self.opts.blip_for)
+            self.joined.clear()  # no sends meanwhile
+            try:
+                ws.sock.shutdown(socket.SHUT_RDWR)  # the reader's recv fails now
+            except OSError:
+                pass  # already gone: the reader sees that too
+
+    def _blip_back(self) -> None:
+        """In the reader, after a blip cut the socket: stay away, then report ``blip``."""
+        started = time.perf_counter()
+        self._close(abrupt=True)
+        gevent.sleep(max(0.0, (self.blip_until or 0.0) - time.monotonic()))
+        self.blip_until = None
+        _fire("room", "blip", started, 0)
 
     # -- requests and replies ----------------------------------------------------
     def _request(self, kind: str, frame: dict[str, Any]) -> None:
@@ -233,7 +304,10 @@ class RoomMember(User):
             except Exception as exc:  # noqa: BLE001 - connection lost
                 if self.stopping:
                     return
-                _fire("room", "disconnected", time.perf_counter(), 0, exc)
+                if self.blip_until is not None:  # our own blip: not a failure
+                    self._blip_back()
+                else:
+                    _fire("room", "disconnected", time.perf_counter(), 0, exc)
                 self._reconnect()
                 continue
             if not raw:
@@ -250,7 +324,10 @@ class RoomMember(User):
         if op == "room_msgs":
             msgs = f.get("msgs") or []
             share = len(raw) // max(1, len(msgs))
+            self._track_epoch(f.get("epoch"))
             for m in msgs:
+                if not self._first_seen(m.get("pos")):
+                    continue
                 body = m.get("body")
                 sent = body.get("t") if isinstance(body, dict) else None
                 if isinstance(sent, (int, float)):
@@ -269,13 +346,63 @@ class RoomMember(User):
             code = f.get("code")
             name = "send rate_limited" if code == "rate_limited" else kind
             _fire("room", name, started, len(raw), ServerError(f"{code}: {f.get('message')}"))
+            if kind == "recover":  # once, as a plain join: this history is of no use
+                self._forget()
+                self._request("join", {"op": "join", "room": self.room})
+        elif op == "joined":
+            self._on_joined(f, kind, started, len(raw))
         else:
             _fire("room", kind, started, len(raw))
-            if op == "joined":
-                self.joined.set()
-                if self.reconnect_started is not None:
-                    _fire("room", "reconnect", self.reconnect_started, 0)
-                    self.reconnect_started = None
+
+    def _on_joined(self, f: dict[str, Any], kind: str, started: float, length: int) -> None:
+        msgs = f.get("msgs") or []
+        if f.get("epoch") is None:
+            self._forget()  # history off on this node: nothing to recover from
+        else:
+            self._track_epoch(f["epoch"])
+            for m in msgs:
+                self._first_seen(m.get("pos"))
+            pos = f.get("pos")
+            if isinstance(pos, int) and (self.last_pos is None or pos > self.last_pos):
+                self.last_pos = pos  # owed nothing up to the room's last pos
+        if kind == "recover":
+            recovered = f.get("recovered") is True
+            n = len(msgs) if recovered else 0
+            _fire("room", "recover", started, n)
+            _fire("room", f"recovered {'true' if recovered else 'false'}", started, n)
+        else:
+            _fire("room", kind, started, length)
+        self.joined.set()
+        if self.reconnect_started is not None:
+            _fire("room", "reconnect", self.reconnect_started, 0)
+            self.reconnect_started = None
+
+    # -- the room's history as seen here -------------------------------------------
+    def _forget(self) -> None:
+        self.epoch = None
+        self.last_pos = None
+        self.seen.clear()
+        self.seen_floor = -1
+
+    def _track_epoch(self, epoch: Any) -> None:
+        """A new epoch (the room's history was lost): positions start over."""
+        if isinstance(epoch, str) and epoch != self.epoch:
+            self._forget()
+            self.epoch = epoch
+
+    def _first_seen(self, pos: Any) -> bool:
+        """True unless this pos was seen before (no pos, history off: always True)."""
+        if not isinstance(pos, int) or self.epoch is None:
+            return True
+        if pos <= self.seen_floor or pos in self.seen:
+            return False
+        self.seen.add(pos)
+        if self.last_pos is None or pos > self.last_pos:
+            self.last_pos = pos
+        if len(self.seen) > _SEEN_MAX:
+            self.seen_floor = max(self.seen) - _SEEN_MAX // 2
+            self.seen = {p for p in self.seen if p > self.seen_floor}
+        return True
 
 
 def _fire(kind: str, name: str, started: float, length: int,

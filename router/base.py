@@ -35,8 +35,10 @@ class LocalDelivery(Protocol):
 class RoomDelivery(Protocol):
     """The node's room maps, as the router sees them."""
 
-    def deliver_room(self, room: str, fragment: bytes, prio: int) -> None:
-        """Queue one encoded room message for this node's members of ``room``.
+    def deliver_room(self, room: str, fragment: bytes, prio: int, pos: int = 0,
+                     epoch: str | None = None) -> None:
+        """Queue one encoded room message for this node's members of ``room``
+        (``pos`` / ``epoch``: its position, when rooms keep history).
 
         Never awaits; a room without local members drops it (counted).
         """

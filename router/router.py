@@ -148,7 +148,8 @@ class Router:
         if dead:
             self._purge(user, dead)
 
-    def publish_room(self, room: str, fragment: bytes, prio: int) -> asyncio.Future[None]:
+    def publish_room(self, room: str, fragment: bytes, prio: int, pos: int = 0,
+                     epoch: str | None = None) -> asyncio.Future[None]:
         """Queue one room message for every other node serving ``room``.
 
         Never awaits. The returned future settles when the broker confirmed
@@ -161,7 +162,10 @@ class Router:
         if waiter is None:
             waiter = self._room_waiters[key] = asyncio.get_running_loop().create_future()
             self._room_records[key] = []
-        self._room_records[key].append(({"r": room, "p": 1} if prio else {"r": room}, fragment))
+        head: dict[str, Any] = {"r": room, "p": 1} if prio else {"r": room}
+        if epoch is not None:  # positioned (rooms v2): receivers keep the order
+            head["n"], head["e"] = pos, epoch
+        self._room_records[key].append((head, fragment))
         self._schedule_flush()
         return waiter
 
@@ -343,7 +347,10 @@ class Router:
                 if room is not None:
                     self.stats["room_msgs_in"] += 1
                     if self.rooms is not None:
-                        self.rooms.deliver_room(room, frame, 1 if head.get("p") else 0)
+                        epoch = head.get("e")
+                        self.rooms.deliver_room(
+                            room, frame, 1 if head.get("p") else 0, int(head.get("n", 0)),
+                            epoch if isinstance(epoch, str) else None)
                     continue
                 for user in head.get("u", ()):
                     self.stats["remote_writes"] += self.local.deliver_to_user(user, frame, None)

@@ -32,6 +32,7 @@ from store.posts_mongo import PostsMongo
 from store.presence_redis import PresenceRedis
 from store.records import GroupMessage, InboxLimits
 from store.redis_client import connect_redis, redis_guard
+from store.room_history_redis import RoomHistoryRedis
 from store.rooms_redis import RoomCountsRedis
 from store.routes_redis import RoutesRedis
 from store.sanctions_redis import SanctionsRedis
@@ -51,6 +52,7 @@ class Stores:
     nodes: ports.NodeDirectory
     lease: ports.NodeLease
     rooms: ports.RoomCountStore
+    room_history: ports.RoomHistoryStore
     groups: ports.GroupStore
     group_cache: ports.GroupCache
     follows: ports.FollowStore
@@ -69,7 +71,7 @@ class Stores:
 
 def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
                 namespace: str, timeout_s: float, limits: InboxLimits, lease_ttl_s: int,
-                heartbeat_ttl_s: float,
+                heartbeat_ttl_s: float, room_history: tuple[int, float] = (100, 300.0),
                 encode_group_last: Callable[[GroupMessage], bytes],
                 mongo_w: str = "majority") -> Stores:
     """Open the clients (lazily: nothing is sent until a store is used) and
@@ -111,6 +113,8 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
         messages=messages, routes=RoutesRedis(redis, keys),
         nodes=NodeDirectoryRedis(redis, keys), lease=lease, keeper=keeper,
         rooms=RoomCountsRedis(redis, keys), groups=groups,
+        room_history=RoomHistoryRedis(redis, keys, keep=room_history[0],
+                                      ttl_s=room_history[1]),
         group_cache=GroupCacheRedis(redis, keys, groups, encode_group_last),
         follows=follows, posts=posts, timelines=TimelineMongo(db),
         feed_cache=FeedCacheRedis(redis, keys, follows, posts),

@@ -147,6 +147,14 @@ class Keys:
         """Hash: user -> unix time a mute in room R ends (the server API's)."""
         return f"{self.ns}:rmute:{{{room}}}"
 
+    def room_meta(self, room: str) -> str:
+        """Hash: ``e`` the room's epoch, ``p`` its last message position."""
+        return f"{self.ns}:rm:{{{room}}}"
+
+    def room_history(self, room: str) -> str:
+        """List: the room's newest messages (positioned JSON), oldest first."""
+        return f"{self.ns}:rh:{{{room}}}"
+
     def last_seen(self, user: str) -> str:
         """String: unix time the user's last device disconnected (30 days)."""
         return f"{self.ns}:seen:{{{user}}}"

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from core.errors import Unavailable
+from core.room_history import RoomLog
 from store.records import (
     Beat,
     ChatMessage,
@@ -205,11 +206,24 @@ class NodeLease(Protocol):
 class RoomCountStore(Protocol):
     """Live-room member counts per node."""
 
-    async def report(self, node: str, counts: Mapping[str, int]) -> dict[str, int]: ...
+    async def report(self, node: str, counts: Mapping[str, tuple[int, int]]
+                     ) -> dict[str, tuple[int, int]]:
+        """Write this node's (connections, distinct users) per room; read the
+        rooms' totals across live nodes."""
+        ...
 
-    async def totals(self, rooms: Iterable[str]) -> dict[str, int]: ...
+    async def totals(self, rooms: Iterable[str]) -> dict[str, tuple[int, int]]: ...
 
     async def forget_node(self, node: str, rooms: Iterable[str]) -> None: ...
+
+
+class RoomHistoryStore(Protocol):
+    """Live rooms' message positions and recent history."""
+
+    async def append(self, batches: Sequence[tuple[str, Sequence[bytes]]], new_epoch: str
+                     ) -> list[tuple[str, int]]: ...
+
+    async def read(self, rooms: Sequence[tuple[str, bool]]) -> list[RoomLog]: ...
 
 
 class GroupStore(Protocol):

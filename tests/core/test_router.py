@@ -47,7 +47,8 @@ class Sockets:
         self.group_writes.append((group, frame, skip_conn))
         return 1
 
-    def deliver_room(self, room: str, fragment: bytes, prio: int) -> None:
+    def deliver_room(self, room: str, fragment: bytes, prio: int, pos: int = 0,
+                     epoch: str | None = None) -> None:
         self.room_writes.append((room, fragment, prio))
 
 

@@ -13,6 +13,12 @@ from tests.conftest import uid
     ('{"op":"join","id":1,"room":"has space"}', "bad_request"),
     ('{"op":"join","id":1,"room":{"$ne":null}}', "bad_request"),
     ('{"op":"join","id":1,"room":"' + "r" * 65 + '"}', "bad_request"),
+    ('{"op":"join","id":1,"room":"r1","history":101}', "bad_request"),
+    ('{"op":"join","id":1,"room":"r1","history":true}', "bad_request"),
+    ('{"op":"join","id":1,"room":"r1","since":{"epoch":"e"}}', "bad_request"),
+    ('{"op":"join","id":1,"room":"r1","since":{"epoch":"","pos":1}}', "bad_request"),
+    ('{"op":"join","id":1,"room":"r1","since":{"epoch":"e","pos":-1}}', "bad_request"),
+    ('{"op":"join","id":1,"room":"r1","since":[1,2]}', "bad_request"),
     ('{"op":"leave","id":1,"room":7}', "bad_request"),
     ('{"op":"room_send","id":1,"room":"r1"}', "bad_request"),
     ('{"op":"room_send","id":1,"room":"r1","body":1,"prio":2}', "bad_request"),
@@ -25,7 +31,9 @@ async def test_bad_room_frames_get_their_error(node, connect, frame, code):
     err = await c.next_push()
     assert err["op"] == "error" and err["code"] == code and err["re"] == 1, err
     assert (await c.request("ping"))["op"] == "pong"  # the connection survives
-    assert node.app.room_hub.memberships == 0 and node.app.router.stats["envelopes_out"] == 0
+    # No member, no binding, nothing sent (a login's presence envelope is not room traffic).
+    assert node.app.room_hub.memberships == 0 and node.app.live.snapshot()["bound"] == 0
+    assert node.metrics.room_sends.labels("accepted")._value.get() == 0
 
 
 async def test_room_send_rate_limit_per_user(make_node, connect):
