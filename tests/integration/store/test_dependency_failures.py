@@ -100,3 +100,41 @@ async def test_group_send_with_mongo_down_then_back_keeps_seqs_whole(private, ma
         await client.close()
     assert [d["seq"] for d in docs] == list(range(1, counter + 1))
     assert [d["seq"] for d in docs if not d.get("dead")] == [1, r["seq"]]
+
+
+async def test_room_send_without_redis_is_never_acked_and_a_new_epoch_follows(
+        private, make_node, connect):
+    redis = await private("redis")
+    node = await make_node(redis_url=redis.url, redis_cluster=0, dep_timeout_s=1.0)
+    room = uid("room")
+    sender, member = await connect(node, uid("a")), await connect(node, uid("b"))
+    await sender.request("join", room=room)
+    epoch = (await member.request("join", room=room))["epoch"]
+    assert (await sender.request("room_send", room=room, body=0))["op"] == "ok"
+    first = (await member.next_push("room_msgs"))
+    assert epoch is None and first["msgs"][0]["pos"] == 1
+
+    await redis.kill()
+    r = await sender.request("room_send", room=room, body=1, timeout=15)
+    assert r["op"] == "error" and r["code"] == "unavailable"  # no position, no ok
+    await member.request("ping")
+    assert [f for f in member.drain_pushes() if f.get("op") == "room_msgs"] == []
+
+    await redis.start()  # empty: the room's position and history are gone
+
+    async def sent() -> bool:
+        r = await sender.request("room_send", room=room, body=2, timeout=15)
+        assert r["op"] == "ok" or r["code"] == "unavailable", r
+        return r["op"] == "ok"
+
+    assert await until(sent, timeout=30, every=0.25)
+    frame = await member.next_push("room_msgs")
+    assert frame["epoch"] != first["epoch"] and frame["msgs"][0]["pos"] == 1
+
+    async def rejoined() -> dict | None:
+        got = await member.request("join", room=room, since={"epoch": first["epoch"], "pos": 1})
+        assert got["op"] == "joined" or got["code"] == "unavailable", got
+        return got if got["op"] == "joined" else None
+
+    got = await until(rejoined, timeout=30, every=0.25)
+    assert got["recovered"] is False and [m["body"] for m in got["msgs"]] == [2]
