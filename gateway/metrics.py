@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from router import BrokerStatus
@@ -17,6 +26,12 @@ class NodeMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        # The process (process_cpu_seconds_total, process_resident_memory_bytes,
+        # process_open_fds, process_max_fds, ...; Linux /proc), Python's GC and
+        # python_info: the default registry has them, a registry of our own not.
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
+        PlatformCollector(registry=r)
         self.connections = Gauge("im_connections", "Open WebSocket connections", registry=r)
         self.frames_in = Counter("im_frames_in_total", "Client frames received", ["op"],
                                  registry=r)

@@ -53,7 +53,9 @@ async def test_scripts_in_a_pipeline_run_on_every_node_even_after_a_script_flush
 
 
 async def test_the_gate_bounds_connections_waits_then_gives_unavailable(cluster):
-    r = connect_redis(cluster.seeds, 0.5, cluster=True, max_connections=4)
+    # The wait (2 s) is only an upper bound here: generous, so a loaded machine
+    # does not turn the burst's queueing into a failure.
+    r = connect_redis(cluster.seeds, 2.0, cluster=True, max_connections=4)
     watch = connect_redis(cluster.seeds, 2.0, cluster=True)
     ns = uid("g")
     try:
@@ -62,11 +64,11 @@ async def test_the_gate_bounds_connections_waits_then_gives_unavailable(cluster)
         # A burst far above the gate's size waits its turn: no failure, and no
         # primary got more than 4 connections from this client.
         hmax = Lua("hmax.lua")
-        got = await asyncio.gather(*(hmax(r, [f"{ns}:{{b{i}}}"], ["f", i]) for i in range(500)))
-        assert got == list(range(500))
+        got = await asyncio.gather(*(hmax(r, [f"{ns}:{{b{i}}}"], ["f", i]) for i in range(200)))
+        assert got == list(range(200))
         after = await _clients(watch)
         assert all(after[n] - before[n] <= 4 for n in before), (before, after)
-        # Every place held: the next command waits 0.5 s, then is Unavailable
+        # Every place held: the next command waits 2 s, then is Unavailable
         # and was never sent.
         release = asyncio.Event()
 
@@ -84,7 +86,7 @@ async def test_the_gate_bounds_connections_waits_then_gives_unavailable(cluster)
         assert await watch.get(f"{ns}:{{late}}") is None
         assert await r.set(f"{ns}:{{late}}", 1)  # places are free again
     finally:
-        for k in [f"{ns}:{{late}}", *(f"{ns}:{{b{i}}}" for i in range(500))]:
+        for k in [f"{ns}:{{late}}", *(f"{ns}:{{b{i}}}" for i in range(200))]:
             await watch.delete(k)
         await r.aclose()
         await watch.aclose()
