@@ -10,6 +10,11 @@ status of its code (``gateway.http_models.ErrorBody``, documented per route
 in ``/openapi.json``); a validation failure is a 400, a dependency that is
 down a 503, and nothing raw (a traceback, a driver message) reaches the
 client. No Swagger UI is served (it would load its assets from a CDN).
+
+The demo web app (``web/demo``) is served at ``/demo/`` and the JavaScript
+SDK it imports (``clients/js/src``) at ``/demo/sdk/``, static files outside
+``/v1/`` (no token), when those directories exist; mounts are not in
+``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -17,14 +22,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path as FsPath
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.errors import Unavailable
@@ -63,6 +70,9 @@ __all__ = ["HttpDeps", "build_http", "build_metrics_http"]
 
 log = logging.getLogger("gateway.http")
 METRICS_TYPE = "text/plain; version=0.0.4"
+REPO = FsPath(__file__).resolve().parent.parent
+DEMO_DIR = REPO / "web" / "demo"  # served at /demo/
+SDK_DIR = REPO / "clients" / "js" / "src"  # served at /demo/sdk/ (the demo imports it)
 
 
 def _error(code: str, message: str, status: int | None = None,
@@ -130,7 +140,22 @@ def build_http(deps: HttpDeps) -> FastAPI:
     install_feed(app, deps.feed)
     if deps.server is not None:
         install_server_api(app, deps.server)
+    _demo(app)
     return app
+
+
+def _demo(app: FastAPI) -> None:
+    """The demo page and the SDK it imports: static files, no token, not in the schema."""
+    if SDK_DIR.is_dir():  # first: /demo/sdk/ is matched before /demo/
+        app.mount("/demo/sdk", StaticFiles(directory=SDK_DIR), name="demo-sdk")
+    if DEMO_DIR.is_dir():
+        app.mount("/demo", StaticFiles(directory=DEMO_DIR, html=True), name="demo")
+
+        @app.get("/demo", include_in_schema=False)
+        async def demo(request: Request) -> Response:
+            """``/demo`` -> ``/demo/`` (the page's relative URLs need the slash)."""
+            query = request.url.query
+            return RedirectResponse("/demo/" + (f"?{query}" if query else ""), 307)
 
 
 def _messages(app: FastAPI, deps: HttpDeps) -> None:

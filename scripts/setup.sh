@@ -23,6 +23,27 @@ fi
 echo "setup: installing project into .venv"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+# The demo's browser test (tests/browser): Debian's chromium (no browser
+# download) driven by playwright-core from npm.
+if [[ ! -x /usr/bin/chromium ]]; then
+    echo "setup: installing chromium"
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq  # stale package lists: once
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    fi
+fi
+if command -v npm >/dev/null; then
+    lock_sum="$(sha256sum tests/browser/package-lock.json | cut -d' ' -f1)"
+    if [[ ! -d tests/browser/node_modules ]] \
+        || [[ "$(cat tests/browser/node_modules/.lock-sum 2>/dev/null)" != "$lock_sum" ]]; then
+        echo "setup: npm ci in tests/browser"
+        (cd tests/browser && npm ci --silent --no-audit --no-fund)
+        echo "$lock_sum" > tests/browser/node_modules/.lock-sum
+    fi
+else
+    echo "setup: npm not found: the browser test (tests/browser) cannot run" >&2
+fi
+
 
 echo "setup: starting services"
 bash scripts/services.sh

@@ -1,0 +1,588 @@
+// imgate demo: one page, one user, on the node that serves it.
+// Plain DOM, no build step; the SDK is served next to it (/demo/sdk/).
+import { ImClient } from "./sdk/imgate.js";
+
+const $ = (sel) => document.querySelector(sel);
+const params = new URLSearchParams(location.search);
+
+// ---- where the node is --------------------------------------------------
+// The HTTP API is this page's own origin. The WebSocket listens on another
+// port of the same node: ?ws=ws://host:port/ws names it; else, behind a proxy
+// on the default port (nginx: /ws and / on one port) it is this origin's /ws,
+// and otherwise the HTTP port minus one (a node's defaults: ws 8080, http 8081).
+function defaultWsUrl() {
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  if (!location.port) return `${scheme}//${location.host}/ws`;
+  return `${scheme}//${location.hostname}:${Number(location.port) - 1}/ws`;
+}
+const HTTP_URL = location.origin;
+const WS_DEFAULT = params.get("ws") || defaultWsUrl();
+
+// ---- state ----------------------------------------------------------------
+const state = {
+  client: null,
+  me: "",
+  active: "", // conversation shown: a user id, or g:GROUP
+  msgs: new Map(), // conv -> Map(mid -> message)
+  pending: new Map(), // conv -> [{tmp, from, body, ts}] not acked yet
+  convs: [], // from GET /v1/conversations
+  groups: new Map(), // group id -> {group, name, owner, members}
+  peerRead: new Map(), // conv -> highest mid the peer has read (receipts)
+  readSent: new Map(), // conv -> highest mid we marked read
+  typing: new Map(), // conv -> {from, until}
+  room: "", // the live room joined
+  lastTyping: 0,
+};
+
+// ---- small helpers ------------------------------------------------------
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "dataset") Object.assign(node.dataset, v);
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    node.append(c instanceof Node ? c : String(c));
+  }
+  return node;
+}
+
+function text(body) {
+  if (typeof body === "string") return body;
+  if (body && typeof body === "object" && typeof body.text === "string") return body.text;
+  return JSON.stringify(body);
+}
+
+function clock(ts) {
+  if (!ts) return "";
+  const d = new Date(ts);
+  return d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+}
+
+function toast(message, kind = "info") {
+  const t = el("div", { class: `toast ${kind}`, "data-test": kind === "error" ? "error" : "toast" }, message);
+  $(".toasts").append(t);
+  setTimeout(() => t.remove(), kind === "error" ? 8000 : 5000);
+}
+
+function subOf(token) {
+  try {
+    const part = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    return JSON.parse(atob(part + "=".repeat((4 - (part.length % 4)) % 4))).sub || "";
+  } catch {
+    return "";
+  }
+}
+
+/** Run fn at most once per `ms`, the last call winning (refreshes after bursts of pushes). */
+function debounced(fn, ms) {
+  let timer = null;
+  return () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      timer = null;
+      fn().catch((e) => toast(`${e.message || e}`, "error"));
+    }, ms);
+  };
+}
+
+const isGroup = (conv) => conv.startsWith("g:");
+const ID = /^[A-Za-z0-9_.:-]{1,64}$/;
+
+function convOf(m) {
+  if (m.group) return `g:${m.group}`;
+  if (m.conv && isGroup(m.conv)) return m.conv;
+  return m.from === state.me ? m.to : m.from;
+}
+
+function convName(conv) {
+  if (!isGroup(conv)) return conv;
+  const g = state.groups.get(conv.slice(2));
+  return g ? `# ${g.name}` : `# ${conv.slice(2)}`;
+}
+
+function bucket(conv) {
+  let b = state.msgs.get(conv);
+  if (!b) state.msgs.set(conv, (b = new Map()));
+  return b;
+}
+
+// ---- messages -------------------------------------------------------------
+function addMessage(m) {
+  if (m.mid === undefined || m.mid === null) return;
+  const conv = convOf(m);
+  if (!conv) return;
+  const b = bucket(conv);
+  const had = b.get(m.mid);
+  b.set(m.mid, { ...had, ...m, conv });
+  const theirs = m.from !== state.me;
+  if (theirs) {
+    const t = state.typing.get(conv);
+    if (t && t.from === m.from) state.typing.delete(conv);
+  }
+  if (conv === state.active) {
+    renderMessages();
+    if (theirs) markRead(); // shown: read (our own need no read mark)
+  }
+  refreshConvs();
+}
+
+function renderMessages() {
+  const list = $('[data-test="messages"]');
+  const conv = state.active;
+  list.replaceChildren();
+  if (!conv) {
+    list.append(el("li", { class: "empty" }, "Pick a chat on the left, or type a user id in To."));
+    renderTyping();
+    return;
+  }
+  const msgs = [...bucket(conv).values()].sort((a, b) => a.mid - b.mid);
+  const peerRead = state.peerRead.get(conv) || 0;
+  for (const m of msgs) {
+    const mine = m.from === state.me;
+    let status = "";
+    if (mine && !isGroup(conv)) status = m.mid <= peerRead ? "read" : "sent";
+    list.append(el("li", {
+      class: `msg ${mine ? "mine" : "theirs"}${m.recalled ? " recalled" : ""}`,
+      "data-test": "message", "data-mid": m.mid, "data-from": m.from,
+      "data-state": status || undefined,
+    },
+    el("span", { class: "from" }, mine ? `${m.from} (me)` : m.from),
+    el("span", { class: "body" }, m.recalled ? "message recalled" : text(m.body)),
+    el("span", { class: "meta" }, clock(m.ts), status ? ` · ${status}` : "")));
+  }
+  for (const p of state.pending.get(conv) || []) {
+    list.append(el("li", { class: "msg mine pending", "data-test": "message", "data-from": state.me, "data-state": "sending" },
+      el("span", { class: "from" }, `${state.me} (me)`),
+      el("span", { class: "body" }, text(p.body)),
+      el("span", { class: "meta" }, "sending…")));
+  }
+  if (!msgs.length && !(state.pending.get(conv) || []).length) {
+    list.append(el("li", { class: "empty" }, `No messages with ${convName(conv)} yet.`));
+  }
+  list.scrollTop = list.scrollHeight;
+  renderTyping();
+}
+
+function renderTyping() {
+  const t = state.typing.get(state.active);
+  const box = $('[data-test="typing"]');
+  box.textContent = t && t.until > Date.now() ? `${t.from} is typing…` : "";
+}
+
+/** Mark the shown conversation read up to its newest message (only while the page is visible). */
+async function markRead() {
+  const conv = state.active;
+  if (!conv || document.visibilityState !== "visible" || !state.client) return;
+  let top = 0;
+  for (const mid of bucket(conv).keys()) top = Math.max(top, mid);
+  const info = state.convs.find((c) => c.conv === conv);
+  if (info && info.last && info.last.mid) top = Math.max(top, info.last.mid);
+  const unread = info ? info.unread : 0;
+  if (!top || (top <= (state.readSent.get(conv) || 0) && !unread)) return;
+  state.readSent.set(conv, top);
+  try {
+    await state.client.read(conv, top);
+  } catch (e) {
+    state.readSent.delete(conv);
+    toast(`read: ${e.message || e}`, "error");
+  }
+  refreshConvs();
+}
+
+async function openConv(conv) {
+  conv = conv.trim();
+  if (conv === state.active) return;
+  state.active = conv;
+  const to = $("#to");
+  if (to.value.trim() !== conv) to.value = conv;
+  renderConvs();
+  renderMessages();
+  renderPresence();
+  if (!conv || !ID.test(conv) || conv === state.me) return;
+  try {
+    const page = await state.client.http("GET", `/v1/history/${encodeURIComponent(conv)}?limit=50`);
+    for (const m of page.msgs || []) bucket(conv).set(m.mid, { ...bucket(conv).get(m.mid), ...m, conv });
+  } catch (e) {
+    if (conv === state.active) toast(`history: ${e.message || e}`, "error");
+  }
+  if (conv !== state.active) return;
+  renderMessages();
+  markRead();
+  if (!isGroup(conv)) {
+    try {
+      const r = await state.client.presenceSub([conv]);
+      showPresence(r && r.users);
+    } catch { /* presence is a nicety */ }
+  }
+}
+
+async function sendMessage(e) {
+  e.preventDefault();
+  const to = $("#to").value.trim();
+  const input = $("#compose");
+  const body = input.value.trim();
+  if (!to || !body) return;
+  if (!ID.test(to)) return toast(`"${to}" is not a user id (or g:GROUP)`, "error");
+  if (to !== state.active) await openConv(to);
+  input.value = "";
+  const p = { tmp: Math.random(), body };
+  const list = state.pending.get(to) || [];
+  list.push(p);
+  state.pending.set(to, list);
+  renderMessages();
+  try {
+    const ack = isGroup(to) ? await state.client.groupSend(to.slice(2), body)
+      : await state.client.send(to, body);
+    const m = { mid: ack.mid, from: state.me, body, ts: ack.ts };
+    if (isGroup(to)) Object.assign(m, { group: to.slice(2), seq: ack.seq });
+    else m.to = to;
+    state.pending.set(to, (state.pending.get(to) || []).filter((x) => x !== p));
+    addMessage(m);
+  } catch (err) {
+    state.pending.set(to, (state.pending.get(to) || []).filter((x) => x !== p));
+    renderMessages();
+    input.value = body;
+    toast(`send: ${err.message || err.code || err}`, "error");
+  }
+}
+
+// ---- conversations, groups ---------------------------------------------
+const refreshConvs = debounced(async () => {
+  if (!state.client) return;
+  const r = await state.client.http("GET", "/v1/conversations?limit=50");
+  state.convs = r.conversations || [];
+  $('[data-test="unread-total"]').textContent = String(r.total_unread || 0);
+  $('[data-test="unread-total"]').dataset.count = String(r.total_unread || 0);
+  renderConvs();
+}, 120);
+
+function renderConvs() {
+  const list = $('[data-test="conversations"]');
+  list.replaceChildren();
+  const shown = state.convs.filter((c) => c.last || c.unread);
+  for (const c of shown) {
+    const last = c.last ? `${c.last.from === state.me ? "me: " : ""}${c.last.recalled ? "(recalled)" : text(c.last.body)}` : "";
+    list.append(el("li", {
+      class: `conv${c.conv === state.active ? " active" : ""}`, "data-test": "conv", "data-conv": c.conv,
+      onclick: () => openConv(c.conv),
+    },
+    el("span", { class: "name" }, convName(c.conv)),
+    c.unread ? el("span", { class: "badge", "data-test": "conv-unread" }, c.unread) : null,
+    el("span", { class: "last" }, last)));
+  }
+  if (!shown.length) list.append(el("li", { class: "empty" }, "No chats yet."));
+  const groups = $('[data-test="groups"]');
+  groups.replaceChildren();
+  for (const g of [...state.groups.values()].sort((a, b) => a.name.localeCompare(b.name))) {
+    const conv = `g:${g.group}`;
+    const unread = (state.convs.find((c) => c.conv === conv) || {}).unread || 0;
+    groups.append(el("li", {
+      class: `conv${conv === state.active ? " active" : ""}`, "data-test": "group", "data-conv": conv,
+      onclick: () => openConv(conv),
+    },
+    el("span", { class: "name" }, `# ${g.name}`),
+    unread ? el("span", { class: "badge", "data-test": "conv-unread" }, unread) : null,
+    el("span", { class: "last" }, `${g.members} member${g.members === 1 ? "" : "s"}`)));
+  }
+  if (!state.groups.size) groups.append(el("li", { class: "empty" }, "No groups."));
+}
+
+const refreshGroups = debounced(async () => {
+  const r = await state.client.http("GET", "/v1/groups");
+  state.groups = new Map((r.groups || []).map((g) => [g.group, g]));
+  renderConvs();
+}, 120);
+
+async function createGroup(e) {
+  e.preventDefault();
+  const name = $("#group-name").value.trim();
+  const members = $("#group-members").value.split(/[\s,]+/).filter(Boolean);
+  if (!name) return;
+  try {
+    const r = await state.client.http("POST", "/v1/groups", { name, members });
+    $("#group-name").value = "";
+    $("#group-members").value = "";
+    refreshGroups();
+    refreshConvs();
+    openConv(`g:${r.group}`);
+  } catch (err) {
+    toast(`group: ${err.message || err}`, "error");
+  }
+}
+
+// ---- presence ---------------------------------------------------------------
+const presence = new Map();
+function showPresence(users) {
+  for (const [u, s] of Object.entries(users || {})) presence.set(u, s);
+  renderPresence();
+}
+function renderPresence() {
+  const box = $('[data-test="presence"]');
+  const s = presence.get(state.active);
+  if (!state.active || isGroup(state.active) || !s) {
+    box.textContent = "";
+    box.className = "presence";
+    return;
+  }
+  box.className = `presence ${s.online ? "on" : "off"}`;
+  box.textContent = s.online ? "online" : s.last_seen ? `last seen ${clock(s.last_seen)}` : "offline";
+}
+
+// ---- live room --------------------------------------------------------------
+// The SDK drops repeated positions (the overlap around a join, a recovery),
+// resets them on a new epoch and rejoins with `since` after a reconnect.
+function roomAdd(room, msgs) {
+  if (room !== state.room) return;
+  const list = $('[data-test="room-messages"]');
+  for (const m of msgs || []) {
+    list.append(el("li", { class: `room-msg${m.from === state.me ? " mine" : ""}`, "data-test": "room-message", "data-from": m.from, "data-pos": m.pos },
+      el("span", { class: "from" }, m.from), " ", el("span", { class: "body" }, text(m.body))));
+  }
+  while (list.children.length > 200) list.firstChild.remove();
+  list.scrollTop = list.scrollHeight;
+  refreshRoomOnline();
+}
+
+const refreshRoomOnline = debounced(async () => {
+  if (!state.room) return;
+  const r = await state.client.http("GET", `/v1/rooms/${encodeURIComponent(state.room)}`);
+  if (r.room === state.room) $('[data-test="room-online"]').textContent = `${r.online} online`;
+}, 500);
+
+function roomRecovered(r) {
+  if (r.room !== state.room) return;
+  if (!r.recovered) {
+    $('[data-test="room-messages"]').append(el("li", { class: "divider", "data-test": "room-gap" }, "some messages were missed"));
+  }
+  roomAdd(r.room, r.msgs);
+}
+
+function roomLeft(f) {
+  if (f.room !== state.room) return;
+  toast(`left ${f.room}${f.reason ? ` (${f.reason})` : ""}`, "error");
+  leaveRoom();
+}
+
+async function joinRoom(e) {
+  e.preventDefault();
+  const room = $("#room").value.trim();
+  if (!room || room === state.room) return;
+  if (!ID.test(room)) return toast(`"${room}" is not a room id`, "error");
+  if (state.room) await leaveRoom();
+  state.room = room;
+  $('[data-test="room-messages"]').replaceChildren();
+  try {
+    const joined = await state.client.join(room, { history: 20 });
+    roomAdd(room, joined && joined.msgs);
+    $('[data-test="room-online"]').textContent = joined && joined.online ? `${joined.online} online` : "";
+    for (const id of ["#leave", "#room-compose", "#room-send"]) $(id).disabled = false;
+    document.body.dataset.room = room;
+  } catch (err) {
+    state.room = "";
+    toast(`join: ${err.message || err}`, "error");
+  }
+}
+
+async function leaveRoom() {
+  const room = state.room;
+  if (!room) return;
+  state.room = "";
+  delete document.body.dataset.room;
+  for (const id of ["#leave", "#room-compose", "#room-send"]) $(id).disabled = true;
+  $('[data-test="room-online"]').textContent = "";
+  try { await state.client.leave(room); } catch { /* gone anyway */ }
+}
+
+async function roomSend(e) {
+  e.preventDefault();
+  const input = $("#room-compose");
+  const body = input.value.trim();
+  if (!body || !state.room) return;
+  input.value = "";
+  try {
+    await state.client.roomSend(state.room, body);
+  } catch (err) {
+    input.value = body;
+    toast(`room: ${err.message || err}`, "error");
+  }
+}
+
+// ---- feed -------------------------------------------------------------------
+const refreshTimeline = debounced(async () => {
+  const r = await state.client.http("GET", "/v1/timeline?limit=30");
+  const list = $('[data-test="timeline"]');
+  list.replaceChildren();
+  for (const p of r.posts || []) {
+    const shown = p.repost_of && p.original ? p.original : p;
+    list.append(el("li", { class: "post", "data-test": "timeline-post", "data-post": p.id, "data-author": p.author },
+      el("div", { class: "post-head" },
+        el("span", { class: "from" }, p.author), p.repost_of ? el("span", { class: "meta" }, ` reposted ${shown.author || ""}`) : null,
+        el("span", { class: "meta" }, ` · ${clock(p.ts)}`)),
+      el("div", { class: "body" }, shown.deleted ? "(deleted)" : shown.text || ""),
+      el("button", { type: "button", class: "like", title: "like", onclick: () => like(p.id) }, `♥ ${(p.counts && p.counts.likes) || 0}`)));
+  }
+  if (!list.children.length) list.append(el("li", { class: "empty" }, "Nothing yet: post, or follow someone."));
+}, 150);
+
+async function like(id) {
+  try {
+    await state.client.http("POST", `/v1/posts/${id}/like`);
+    refreshTimeline();
+  } catch (err) {
+    toast(`like: ${err.message || err}`, "error");
+  }
+}
+
+async function post(e) {
+  e.preventDefault();
+  const box = $("#post-text");
+  const t = box.value.trim();
+  if (!t) return;
+  try {
+    await state.client.http("POST", "/v1/posts", { text: t });
+    box.value = "";
+    refreshTimeline();
+  } catch (err) {
+    toast(`post: ${err.message || err}`, "error");
+  }
+}
+
+async function follow(e) {
+  e.preventDefault();
+  const who = $("#follow-user").value.trim();
+  if (!who) return;
+  try {
+    await state.client.http("POST", `/v1/follow/${encodeURIComponent(who)}`);
+    $("#follow-user").value = "";
+    toast(`following ${who}`);
+    refreshTimeline();
+  } catch (err) {
+    toast(`follow: ${err.message || err}`, "error");
+  }
+}
+
+// ---- wiring -----------------------------------------------------------------
+function setStatus(s) {
+  const box = $('[data-test="status"]');
+  box.textContent = s;
+  box.dataset.state = s;
+}
+
+async function start(token, wsUrl) {
+  state.me = subOf(token);
+  $('[data-test="me"]').textContent = state.me || "(unknown user)";
+  $('[data-test="endpoints"]').textContent = `http ${HTTP_URL} · ws ${wsUrl}`;
+  document.title = `${state.me} · imgate demo`;
+  $("#login").hidden = true;
+  $("#app").hidden = false;
+  const c = new ImClient({ url: wsUrl, httpUrl: HTTP_URL, token });
+  state.client = c;
+  c.on("state", (s) => {
+    setStatus(s);
+    if (s === "online") {
+      refreshGroups();
+      refreshConvs();
+      refreshTimeline();
+    }
+  });
+  c.on("message", (m) => addMessage(m));
+  c.on("read", () => refreshConvs());
+  c.on("receipt", (r) => {
+    state.peerRead.set(r.conv, Math.max(state.peerRead.get(r.conv) || 0, r.mid));
+    if (r.conv === state.active) renderMessages();
+  });
+  c.on("typing", (t) => {
+    if (t.from === state.me) return;
+    state.typing.set(t.conv, { from: t.from, until: Date.now() + 4000 });
+    renderTyping();
+    setTimeout(renderTyping, 4100);
+  });
+  c.on("presence", (p) => showPresence(p.users));
+  c.on("recalled", (r) => {
+    const b = state.msgs.get(r.conv);
+    const m = b && b.get(r.mid);
+    if (m) m.recalled = true;
+    if (r.conv === state.active) renderMessages();
+    refreshConvs();
+  });
+  c.on("group_event", () => { refreshGroups(); refreshConvs(); });
+  c.on("notice", (n) => toast(`notice: ${text(n.body)}`));
+  c.on("feed", () => refreshTimeline());
+  c.on("room", (f) => roomAdd(f.room, f.msgs));
+  c.on("room_recovered", roomRecovered);
+  c.on("room_left", roomLeft);
+  c.on("error", (e) => toast(`${(e && (e.message || e.code)) || e}`, "error"));
+  c.on("closed", (e) => {
+    // 4001: token expired, 4003: closed by the product's backend (the SDK stops);
+    // anything else: the SDK reconnects by itself (status shows it).
+    if (e && (e.code === 4001 || e.code === 4003)) toast(`connection closed (${e.code}${e.reason ? `: ${e.reason}` : ""})`, "error");
+  });
+  renderConvs();
+  renderMessages();
+  try {
+    await c.connect();
+  } catch (err) {
+    toast(`connect: ${err.message || err}`, "error");
+  }
+}
+
+function showLogin() {
+  $("#login").hidden = false;
+  $("#ws-url").value = WS_DEFAULT;
+  $("#ws-hint").textContent = params.get("ws")
+    ? "WebSocket from ?ws= in the address."
+    : `WebSocket: this node's HTTP port minus one (a node's defaults: ws 8080, http 8081), `
+      + "or this origin's /ws behind a proxy on the default port; add ?ws=ws://host:port/ws "
+      + "to the address to pick another.";
+  $("#login-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const token = $("#token").value.trim();
+    if (token) start(token, $("#ws-url").value.trim() || WS_DEFAULT);
+  });
+  $("#token").focus();
+}
+
+function wire() {
+  $("#compose-form").addEventListener("submit", sendMessage);
+  $("#compose").addEventListener("input", () => {
+    const now = Date.now();
+    if (state.client && state.active && ID.test(state.active) && now - state.lastTyping > 2000) {
+      state.lastTyping = now;
+      try { state.client.typing(state.active); } catch { /* best effort */ }
+    }
+  });
+  let toTimer = null;
+  $("#to").addEventListener("input", () => {
+    clearTimeout(toTimer);
+    toTimer = setTimeout(() => {
+      const v = $("#to").value.trim();
+      if (!v || ID.test(v)) openConv(v);
+    }, 400);
+  });
+  $("#group-form").addEventListener("submit", createGroup);
+  $("#join-form").addEventListener("submit", joinRoom);
+  $("#leave").addEventListener("click", () => {
+    leaveRoom();
+    $('[data-test="room-messages"]').replaceChildren();
+  });
+  $("#room-form").addEventListener("submit", roomSend);
+  $("#post-form").addEventListener("submit", post);
+  $("#follow-form").addEventListener("submit", follow);
+  document.addEventListener("visibilitychange", () => markRead());
+  setInterval(renderTyping, 1000);
+  setInterval(() => state.room && state.client && state.client.state === "online" && refreshRoomOnline(), 10000);
+}
+
+wire();
+const given = params.get("token");
+if (given) {
+  history.replaceState(null, "", location.pathname + (params.get("ws") ? `?ws=${encodeURIComponent(params.get("ws"))}` : ""));
+  start(given, WS_DEFAULT);
+} else {
+  showLogin();
+}
