@@ -71,7 +71,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+from imgate_client.core import encode, make
 
 from bench import cli, common
 from bench import group_support as gs
@@ -344,7 +344,7 @@ class Bench:
         last_typed: dict[int, float] = {}
 
         async def typing(k: int, j: int) -> dict[str, Any]:
-            frame = orjson.dumps({"op": "typing", "conv": conv}).decode()
+            frame = encode(make("typing", conv=conv)).decode()
             await asyncio.sleep(max(0.0, last_typed.get(j, -math.inf) + TYPER_GAP_S
                                     - time.perf_counter()))
             arr.expect(lambda f: f.get("op") == "typing" and f.get("conv") == conv

@@ -3,6 +3,10 @@
 
     python -m bench.idle_clients --url ws://127.0.0.1:PORT/ws --prefix P
 
+No protocol is spoken beyond the handshake (its token: the SDK core's
+``with_token``); each socket is a bare ``testkit.lean`` one, not an SDK
+``Client`` (that holds a task and state per connection: this measures the
+node's memory per idle connection, with as little client as possible).
 They read the token secret from ``CONN_MEM_SECRET`` and commands from
 stdin, one per line, answering each with one JSON line on stdout:
 
@@ -29,6 +33,8 @@ from collections import Counter
 from typing import Any
 from urllib.parse import urlsplit
 
+from imgate_client.core import with_token
+
 from bench.common import emit, raise_fd_limit, run_loop, stdin_lines
 from testkit.lean import LeanSocket, open_lean
 from testkit.tokens import issue_token
@@ -52,7 +58,7 @@ class Clients:
         async with self.slots:
             try:
                 return await open_lean(lambda: LeanSocket(
-                    u.hostname or "127.0.0.1", u.port or 80, f"{u.path}?token={token}"),
+                    u.hostname or "127.0.0.1", u.port or 80, with_token(u.path, token)),
                     tries=3, on_retry=lambda: errors.update(["retried"]))
             except ConnectionError as exc:  # counted; the run reports failures
                 errors[type(exc.__cause__ or exc).__name__] += 1

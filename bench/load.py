@@ -1,5 +1,11 @@
-"""The chat load generator: sender and receiver devices (``testkit.device``) in
-this one process.
+"""The chat load generator: sender and receiver devices (``testkit.device``: the
+Python SDK's low-level ``imgate_client.Connection``) in this one process.
+
+Not the SDK's ``Client``: its receivers would ``recv_ack`` and dedup, its
+senders keep an outbox with a timer task: work for the node under test and for
+this process (which shares the machine's cores with it) that the figures
+compared across runs never included. A send is one ``send`` frame and its
+reply, matched by id, as the SDK's ``Connection.request`` does it.
 
 ``Load`` holds every device and the counts of the current phase
 (``PhaseStats``); a ``Sender`` numbers its sends and times their acks, a

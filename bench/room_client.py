@@ -2,7 +2,11 @@
 for our node and both baselines; and the publisher the benchmark drives.
 
 Sockets are ``testkit.lean``'s (no task per socket, framing by hand, nothing
-compressed), speaking our protocol or Socket.IO's on top. Each body carries
+compressed), speaking our protocol (frames built and read by the Python SDK's
+sans-I/O core, ``imgate_client.core``) or Socket.IO's on top. Not the SDK's
+``Client``: a task, an outbox and a dedup window per socket would cost this
+process more CPU than the node it measures (thousands of subscribers on 2
+cores), and a subscriber only counts markers in the raw bytes. Each body carries
 the phase's marker (``"m": "~<hex>~"``): a frame's messages of the phase are
 counted exactly by ``payload.count(marker)``; 1 in ``--sample-every`` sockets
 also parse frames for latency (receive ``time.time()`` - the publisher's, from
@@ -27,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+from imgate_client.core import decode, encode, error_of, make, with_token
 from websockets.frames import Opcode
 
 from bench.cli import check_loopback
@@ -44,7 +49,7 @@ def conn_path(kind: str, url: str, user: str, secret: str) -> str:
     """The request target of a subscriber or publisher socket on server ``kind``."""
     base = urlsplit(url).path or "/"
     if kind == "ours":
-        return f"{base}?token={issue_token(secret, user, 7200)}"
+        return with_token(base, issue_token(secret, user, 7200))
     if kind == "ws":
         return f"{base}?user={user}"
     return "/socket.io/?EIO=4&transport=websocket"
@@ -133,16 +138,16 @@ class Conn(LeanSocket):
 
     # -- protocol (ours; the ws baseline speaks the same subset) -----------------
     def on_open(self) -> None:
-        self.send(orjson.dumps({"op": "join", "id": 1, "room": ROOM}))
+        self.send(encode(make("join", 1, room=ROOM)))
 
     def control(self, payload: bytes) -> None:
-        f = orjson.loads(payload)
-        op = f.get("op")
+        f = decode(payload)
+        op, err = f.get("op"), error_of(f)
         if op == "joined" and f.get("re") == 1:
             self.set_ready(f)
-        elif op == "error" and f.get("re") == 1:
+        elif err is not None and f.get("re") == 1:
             self.fail(ConnectionError(f"join refused: {f}"))
-        elif op in ("ok", "error") and f.get("re") is not None:
+        elif (op == "ok" or err is not None) and f.get("re") is not None:
             self.ack(f)
         elif op != "room_msgs":  # room_msgs of another phase: late, not counted
             self.stats.other[f"{op}:{f.get('code', '')}"] += 1
@@ -151,11 +156,10 @@ class Conn(LeanSocket):
         """Replies to the publisher's sends; see ``Publisher``."""
 
     def bodies(self, payload: bytes) -> list[dict[str, Any]]:
-        return [m["body"] for m in orjson.loads(payload)["msgs"]]
+        return [m["body"] for m in decode(payload)["msgs"]]
 
     def room_send(self, rid: int, body: dict[str, Any]) -> None:
-        self.send(orjson.dumps({"op": "room_send", "id": rid, "room": ROOM, "body": body,
-                                "prio": 0}))
+        self.send(encode(make("room_send", rid, room=ROOM, body=body, prio=0)))
 
 
 class SioConn(Conn):

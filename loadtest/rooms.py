@@ -49,6 +49,15 @@ Each member tracks its room's ``epoch`` and the highest ``pos`` received (from
 and dedups messages by ``pos`` (a window of the last few thousand positions);
 a new epoch resets both.
 
+The protocol is the Python SDK's sans-I/O core (``imgate_client.core``, the
+gevent / websocket-client transport is this file's): frames and request ids,
+the room's positions and the rejoin-with-``since`` recipe (``RoomState`` with
+``keep_late``: a late message is still counted once), and when and where to
+reconnect (``ReconnectPolicy``: a lost connection waits the SDK's jittered
+backoff, 0.1 s doubling to 5 s, before the next node; a ``reconnect`` frame or
+close 1001 moves on after up to 0.5 s; close 4003 or a 403 handshake stops the
+member, counted as ``stopped``; close 4001 reconnects at once with a new token).
+
 The token is signed with ``--secret`` (env ``IM_AUTH_SECRET``, else the
 local secret a node on this machine made: ``IM_AUTH_SECRET_FILE``). User ids
 are unique per run and process (``lt<run tag>-<n>``), so ``--processes N``
@@ -73,9 +82,21 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import gevent
-import orjson
 import websocket
 from gevent.event import Event
+from imgate_client.core import (
+    Action,
+    Backoff,
+    Decision,
+    ReconnectPolicy,
+    RequestIds,
+    RoomState,
+    decode,
+    encode,
+    error_of,
+    make,
+    with_token,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # locust adds only loadtest/
 from gateway.auth import with_secret  # noqa: E402
@@ -148,17 +169,17 @@ class RoomMember(User):
         self.reader: gevent.Greenlet | None = None
         self.blipper: gevent.Greenlet | None = None
         self.joined = Event()
-        self.pending: dict[int, tuple[str, float]] = {}
-        self.next_id = itertools.count(1)
+        self.pending: dict[str, tuple[str, float]] = {}
+        self.ids = RequestIds("q")
         self.reconnect_started: float | None = None  # perf_counter when connection was lost
         self.next_tick: float | None = None  # time.monotonic() of the next tick
         self.blip_until: float | None = None  # time.monotonic() a blip ends, while in one
         self.stopping = False
-        # The room's history as this member saw it: epoch, highest pos, pos seen.
-        self.epoch: str | None = None
-        self.last_pos: int | None = None
-        self.seen: set[int] = set()
-        self.seen_floor = -1  # positions at or below it count as seen
+        self.stopped = False  # the node said stop (4003, 403): no more reconnects
+        # The room's history as this member saw it: epoch, highest pos, pos seen (the SDK's).
+        self.room_state = self._fresh_room()
+        self.policy = ReconnectPolicy(Backoff(base=0.2, cap=5.0))
+        self.refused: Decision | None = None  # the last failed connect's decision
 
     # -- lifecycle -------------------------------------------------------------
     def on_start(self) -> None:
@@ -191,33 +212,40 @@ class RoomMember(User):
         self._expire()
         if self.publisher and self.joined.is_set() and self.ws is not None:
             body = {"t": time.time() * 1000, "r": RUN, "u": self.serial}
-            self._request("send", {"op": "room_send", "room": self.room, "body": body,
-                                   "prio": self.opts.prio})
+            self._request("send", "room_send", room=self.room, body=body, prio=self.opts.prio)
 
     # -- connection --------------------------------------------------------------
-    def _connect_and_join(self, name: str) -> bool:
+    def _fresh_room(self) -> RoomState:
+        return RoomState(self.room, keep_late=True, window=_SEEN_MAX)
+
+    def _send_join(self) -> None:
+        """join, or ``recover`` (``since``) once this member has an epoch; frames
+        that come before the reply are counted as they come (``hold=False``)."""
+        fields = self.room_state.join_fields(rejoin_history=0, hold=False)
+        self._request("recover" if "since" in fields else "join", "join", **fields)
+
+    def _connect_and_join(self, name: str) -> Decision | None:
         """Open a WebSocket and send join (``recover``, with ``since``, when this
-        member has an epoch and a pos); fires ``ws/<name>`` for the handshake."""
+        member has an epoch and a pos); fires ``ws/<name>`` for the handshake.
+        None when connected, else what the SDK's policy says to do."""
         url = self.nodes[self.node_index % len(self.nodes)]
         started = time.perf_counter()
         try:
             ws = websocket.create_connection(
-                f"{url}?token={issue_token(self.opts.secret, self.user_id)}", timeout=10,
+                with_token(url, issue_token(self.opts.secret, self.user_id)), timeout=10,
                 skip_utf8_validation=True)
         except Exception as exc:  # noqa: BLE001 - reported to locust
             _fire("ws", name, started, 0, exc)
-            return False
+            status = getattr(exc, "status_code", None)
+            self.refused = self.policy.on_refused(status if isinstance(status, int) else None)
+            return self.refused
         ws.settimeout(None)
         _fire("ws", name, started, 0)
+        self.policy.on_open(time.monotonic())
         self.ws = ws
         self.joined.clear()
-        join: dict[str, Any] = {"op": "join", "room": self.room}
-        if self.epoch is not None and self.last_pos is not None:
-            join["since"] = {"epoch": self.epoch, "pos": self.last_pos}
-            self._request("recover", join)
-        else:
-            self._request("join", join)
-        return True
+        self._send_join()
+        return None
 
     def _close(self, abrupt: bool = False) -> None:
         ws, self.ws = self.ws, None
@@ -230,20 +258,31 @@ class RoomMember(User):
             except Exception:  # noqa: BLE001 - closing anyway
                 ws.shutdown()
 
-    def _reconnect(self) -> None:
-        """Back to a node (the next one), backing off until connected or stopped.
-        ``reconnect`` is reported when the ``joined`` reply arrives."""
+    def _reconnect(self, decision: Decision | None = None) -> None:
+        """Back to a node, as the SDK's policy says (``decision``: how the connection
+        ended; None: at once, to the next node), backing off until connected or
+        stopped. ``reconnect`` is reported when the ``joined`` reply arrives."""
         self._close()
         self.pending.clear()
         if self.reconnect_started is None:
             self.reconnect_started = time.perf_counter()
-        delay = 0.2
         while not self.stopping:
-            self.node_index += 1
-            if self._connect_and_join("reconnect"):
+            if decision is not None:
+                if decision.action is Action.STOP:
+                    self._stop(decision.reason)
+                    return
+                if decision.action is not Action.REFRESH:  # a new token is issued anyway
+                    self.node_index += 1
+                gevent.sleep(decision.delay)
+            else:
+                self.node_index += 1
+            decision = self._connect_and_join("reconnect")
+            if decision is None:
                 return
-            gevent.sleep(delay)
-            delay = min(delay * 2, 5.0)
+
+    def _stop(self, reason: str) -> None:
+        self.stopped = True
+        _fire("room", "stopped", time.perf_counter(), 0, ConnectionError(reason))
 
     def _blip_loop(self) -> None:
         """Every --blip-every s on average (exponential gaps): cut this member's
@@ -271,15 +310,14 @@ class RoomMember(User):
         _fire("room", "blip", started, 0)
 
     # -- requests and replies ----------------------------------------------------
-    def _request(self, kind: str, frame: dict[str, Any]) -> None:
-        rid = next(self.next_id)
-        frame["id"] = rid
+    def _request(self, kind: str, op: str, **fields: Any) -> None:
+        rid = self.ids.next()
         self.pending[rid] = (kind, time.perf_counter())
         ws = self.ws
         try:
             if ws is None:
                 raise ConnectionError("not connected")
-            ws.send(orjson.dumps(frame).decode())
+            ws.send(encode(make(op, rid, **fields)).decode())
         except Exception as exc:  # noqa: BLE001 - reported; the reader reconnects
             self.pending.pop(rid, None)
             _fire("room", kind, time.perf_counter(), 0, exc)
@@ -294,24 +332,34 @@ class RoomMember(User):
                       TimeoutError(f"no reply in {limit:g} s"))
 
     def _read_loop(self) -> None:
-        while not self.stopping:
+        while not self.stopping and not self.stopped:
             ws = self.ws
             if ws is None:  # the first connect failed
-                self._reconnect()
+                self._reconnect(self.refused or self.policy.on_refused(None))
                 continue
             try:
-                raw = ws.recv()
+                opcode, raw = ws.recv_data(control_frame=True)
             except Exception as exc:  # noqa: BLE001 - connection lost
                 if self.stopping:
                     return
                 if self.blip_until is not None:  # our own blip: not a failure
                     self._blip_back()
-                else:
-                    _fire("room", "disconnected", time.perf_counter(), 0, exc)
-                self._reconnect()
+                    self._reconnect()
+                    continue
+                _fire("room", "disconnected", time.perf_counter(), 0, exc)
+                self._reconnect(self.policy.on_close(None, time.monotonic()))
                 continue
-            if not raw:
+            if opcode == websocket.ABNF.OPCODE_CLOSE:  # answered by websocket-client
+                code = int.from_bytes(raw[:2], "big") if len(raw) >= 2 else None
+                if self.stopping:
+                    return
+                _fire("room", "disconnected", time.perf_counter(), 0,
+                      ConnectionError(f"closed by the node: {code}"))
+                self._reconnect(self.policy.on_close(code, time.monotonic()))
                 continue
+            if opcode not in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY) \
+                    or not raw:
+                continue  # ping (answered), pong, an empty frame
             try:
                 self._on_frame(raw)
             except Exception as exc:  # noqa: BLE001 - a frame we cannot read
@@ -319,15 +367,11 @@ class RoomMember(User):
 
     def _on_frame(self, raw: str | bytes) -> None:
         received_ms = time.time() * 1000
-        f = orjson.loads(raw)
+        f = decode(raw)
         op = f.get("op")
         if op == "room_msgs":
-            msgs = f.get("msgs") or []
-            share = len(raw) // max(1, len(msgs))
-            self._track_epoch(f.get("epoch"))
-            for m in msgs:
-                if not self._first_seen(m.get("pos")):
-                    continue
+            share = len(raw) // max(1, len(f.get("msgs") or ()))
+            for m in self.room_state.on_frame(f):  # each position once
                 body = m.get("body")
                 sent = body.get("t") if isinstance(body, dict) else None
                 if isinstance(sent, (int, float)):
@@ -336,38 +380,32 @@ class RoomMember(User):
                                         response_length=share, exception=None, context={})
             return
         if op == "reconnect":
-            self._reconnect()
+            self._reconnect(self.policy.on_close(None, time.monotonic(), told_to_move=True))
             return
-        entry = self.pending.pop(f.get("re"), None) if "re" in f else None
+        entry = self.pending.pop(str(f.get("re")), None) if "re" in f else None
         if entry is None:
             return
         kind, started = entry
-        if op == "error":
-            code = f.get("code")
+        err = error_of(f)
+        if err is not None:
+            code, message = err
             name = "send rate_limited" if code == "rate_limited" else kind
-            _fire("room", name, started, len(raw), ServerError(f"{code}: {f.get('message')}"))
+            _fire("room", name, started, len(raw), ServerError(f"{code}: {message}"))
             if kind == "recover":  # once, as a plain join: this history is of no use
-                self._forget()
-                self._request("join", {"op": "join", "room": self.room})
+                self.room_state = self._fresh_room()
+                self._send_join()
         elif op == "joined":
             self._on_joined(f, kind, started, len(raw))
         else:
             _fire("room", kind, started, len(raw))
 
     def _on_joined(self, f: dict[str, Any], kind: str, started: float, length: int) -> None:
-        msgs = f.get("msgs") or []
         if f.get("epoch") is None:
-            self._forget()  # history off on this node: nothing to recover from
-        else:
-            self._track_epoch(f["epoch"])
-            for m in msgs:
-                self._first_seen(m.get("pos"))
-            pos = f.get("pos")
-            if isinstance(pos, int) and (self.last_pos is None or pos > self.last_pos):
-                self.last_pos = pos  # owed nothing up to the room's last pos
+            self.room_state = self._fresh_room()  # history off here: nothing to recover from
+        joined = self.room_state.on_joined(f, since_sent=kind == "recover")
         if kind == "recover":
-            recovered = f.get("recovered") is True
-            n = len(msgs) if recovered else 0
+            recovered = joined.recovered is True
+            n = len(f.get("msgs") or ()) if recovered else 0
             _fire("room", "recover", started, n)
             _fire("room", f"recovered {'true' if recovered else 'false'}", started, n)
         else:
@@ -376,33 +414,6 @@ class RoomMember(User):
         if self.reconnect_started is not None:
             _fire("room", "reconnect", self.reconnect_started, 0)
             self.reconnect_started = None
-
-    # -- the room's history as seen here -------------------------------------------
-    def _forget(self) -> None:
-        self.epoch = None
-        self.last_pos = None
-        self.seen.clear()
-        self.seen_floor = -1
-
-    def _track_epoch(self, epoch: Any) -> None:
-        """A new epoch (the room's history was lost): positions start over."""
-        if isinstance(epoch, str) and epoch != self.epoch:
-            self._forget()
-            self.epoch = epoch
-
-    def _first_seen(self, pos: Any) -> bool:
-        """True unless this pos was seen before (no pos, history off: always True)."""
-        if not isinstance(pos, int) or self.epoch is None:
-            return True
-        if pos <= self.seen_floor or pos in self.seen:
-            return False
-        self.seen.add(pos)
-        if self.last_pos is None or pos > self.last_pos:
-            self.last_pos = pos
-        if len(self.seen) > _SEEN_MAX:
-            self.seen_floor = max(self.seen) - _SEEN_MAX // 2
-            self.seen = {p for p in self.seen if p > self.seen_floor}
-        return True
 
 
 def _fire(kind: str, name: str, started: float, length: int,

@@ -23,6 +23,9 @@ fi
 echo "setup: installing project into .venv"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+# The Python client SDK, its own package: tests, bench and loadtest use it.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e clients/python
+
 # The demo's browser test (tests/browser): Debian's chromium (no browser
 # download) driven by playwright-core from npm.
 if [[ ! -x /usr/bin/chromium ]]; then
@@ -43,7 +46,6 @@ if command -v npm >/dev/null; then
 else
     echo "setup: npm not found: the browser test (tests/browser) cannot run" >&2
 fi
-
 
 echo "setup: starting services"
 bash scripts/services.sh

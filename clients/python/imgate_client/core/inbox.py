@@ -1,0 +1,157 @@
+"""What the client has delivered of the user's stored messages (``msg`` and
+``group_msg``): the sync cursor, dedup by ``mid``, pushes held during a sync,
+and which mids to ``recv_ack`` in batches. Pure: the transport feeds it frames
+and sync pages and sends what it says.
+
+The cursor only moves with the sync's ``next``: a push is not proof that every
+lower mid arrived (pushes may be skipped, or arrive out of ``mid`` order), so
+it never moves the cursor. Every mid at or below the cursor was delivered by a
+sync; above it, the mids delivered are remembered (at most ``window``; a sync
+moves the cursor and forgets those below it, and ``wants_sync`` asks for one
+when half the window is used). A mid seen twice, by push or by sync, is
+delivered once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Any
+
+from imgate_client.core.frames import MESSAGE_OPS, Frame
+
+__all__ = ["AckBatcher", "Inbox"]
+
+
+class Inbox:
+    """Dedup by mid, the sync cursor and paging (see the module docstring)."""
+
+    def __init__(self, since: int = 0, window: int = 10_000, max_pages: int = 1000) -> None:
+        self.cursor = since
+        self.window = window
+        self.max_pages = max_pages
+        self._seen: set[int] = set()
+        self._heap: list[int] = []  # the same mids, smallest first, for forgetting
+        self._held: list[Frame] | None = None  # pushes during a sync
+        self._pages = 0
+        self.evicted = 0  # mids forgotten for room before a sync covered them
+
+    # -- dedup -----------------------------------------------------------------
+    def fresh(self, mid: int) -> bool:
+        """True the first time ``mid`` is offered (and remembers it); False for a repeat
+        or a mid at or below the cursor."""
+        if mid <= self.cursor or mid in self._seen:
+            return False
+        self._seen.add(mid)
+        heapq.heappush(self._heap, mid)
+        while len(self._seen) > self.window:
+            self._seen.discard(heapq.heappop(self._heap))
+            self.evicted += 1
+        return True
+
+    def seen(self, mid: int) -> bool:
+        return mid <= self.cursor or mid in self._seen
+
+    @property
+    def remembered(self) -> int:
+        return len(self._seen)
+
+    @property
+    def wants_sync(self) -> bool:
+        """Half the window is used: a sync would move the cursor and free it."""
+        return len(self._seen) >= self.window // 2 and self._held is None
+
+    # -- pushes ----------------------------------------------------------------
+    def push(self, frame: Frame) -> Frame | None:
+        """A pushed ``msg`` / ``group_msg``: the frame to deliver now, or None (a
+        repeat, or held until the sync under way ends)."""
+        mid = frame.get("mid")
+        if frame.get("op") not in MESSAGE_OPS or not isinstance(mid, int):
+            return None
+        if self._held is not None:
+            self._held.append(frame)
+            return None
+        return frame if self.fresh(mid) else None
+
+    # -- sync ------------------------------------------------------------------
+    @property
+    def syncing(self) -> bool:
+        return self._held is not None
+
+    def begin_sync(self) -> None:
+        """From now until ``end_sync``, pushes are held (delivered after the sync's
+        older messages, in mid order)."""
+        if self._held is None:
+            self._held = []
+        self._pages = 0
+
+    def sync_params(self, limit: int = 200) -> dict[str, Any]:
+        """The query of the next ``GET /v1/sync`` page."""
+        return {"since": self.cursor, "limit": limit}
+
+    def on_sync_page(self, page: dict[str, Any]) -> tuple[list[Frame], bool]:
+        """A page's messages not delivered yet (oldest first), and whether to ask for
+        another page."""
+        out = [m for m in page.get("msgs") or ()
+               if isinstance(m, dict) and isinstance(m.get("mid"), int) and self.fresh(m["mid"])]
+        nxt = page.get("next")
+        moved = isinstance(nxt, int) and nxt > self.cursor
+        if moved:
+            self.cursor = nxt  # type: ignore[assignment]
+            while self._heap and self._heap[0] <= self.cursor:
+                self._seen.discard(heapq.heappop(self._heap))
+        self._pages += 1
+        return out, bool(page.get("more")) and moved and self._pages < self.max_pages
+
+    def end_sync(self) -> list[Frame]:
+        """The sync is over (done or given up): the held pushes not delivered yet, in
+        mid order."""
+        held, self._held = self._held or [], None
+        held.sort(key=lambda f: f["mid"])
+        return [f for f in held if self.fresh(f["mid"])]
+
+
+class AckBatcher:
+    """Mids to ``recv_ack``, batched: ``add`` says when a batch is full; otherwise
+    flush ``delay`` seconds after the first mid of a batch (``deadline``). At most
+    ``max_pending`` wait (the oldest are dropped: an unacked entry only stays in the
+    node's offline store a while longer)."""
+
+    MAX_PER_FRAME = 1000  # the protocol's limit
+
+    def __init__(self, batch: int = 100, delay: float = 0.2, max_pending: int = 10_000) -> None:
+        self.batch = min(batch, self.MAX_PER_FRAME)
+        self.delay = delay
+        self.max_pending = max_pending
+        self._mids: list[int] = []
+        self.deadline: float | None = None  # monotonic time to flush by
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._mids)
+
+    def add(self, mid: int, now: float | None = None) -> bool:
+        """Queue ``mid``; True when a batch is full (flush now)."""
+        if not self._mids:
+            self.deadline = (time.monotonic() if now is None else now) + self.delay
+        self._mids.append(mid)
+        if len(self._mids) > self.max_pending:
+            del self._mids[0]
+            self.dropped += 1
+        return len(self._mids) >= self.batch
+
+    def take(self) -> list[int]:
+        """The next frame's mids (at most 1,000); the rest stay queued."""
+        out, self._mids = self._mids[:self.MAX_PER_FRAME], self._mids[self.MAX_PER_FRAME:]
+        self.deadline = None if not self._mids else self.deadline
+        return out
+
+    def frame(self, rid: str | None = None) -> dict[str, Any] | None:
+        """The next ``recv_ack`` frame, or None if nothing waits."""
+        mids = self.take()
+        if not mids:
+            return None
+        f: dict[str, Any] = {"op": "recv_ack", "mids": mids}
+        if rid is not None:
+            f["id"] = rid
+        return f

@@ -1,0 +1,176 @@
+"""What a ``Client`` tells its application: one callback, ``on_event``, called
+synchronously (from the event loop) with one of these, in the order the client
+decides them. ``EventQueue`` turns that callback into an async iterator.
+
+- ``Connected``: a connection is up and set up again (in-flight sends written,
+  presence resubscribed, rooms rejoined, synced).
+- ``ConnectionLost``: a connection ended (or could not be opened); ``action``
+  says what comes next: ``retry``, ``move``, ``refresh`` or ``stop``.
+- ``Stopped``: no more reconnects: close 4003, a 403 handshake, no valid token,
+  or ``close()``.
+- ``Message``: a ``msg`` / ``group_msg`` not delivered before, by push or by
+  sync: each mid once.
+- ``RoomMessages``: a room's messages not shown before (dedup by ``pos``), live
+  or recovered at a rejoin.
+- ``RoomRejoined``: a room joined again after a reconnect; ``recovered`` false:
+  something was missed. The messages recovered follow as one ``RoomMessages``
+  (``via`` "rejoin").
+- ``Push``: any other push: ``read``, ``receipt``, ``typing``, ``presence``,
+  ``recalled``, ``notice``, ``group_event``, ``feed``, ``left`` (kicked),
+  ``error``.
+- ``SyncFailed``: the sync after a connect failed (tried again at the next
+  connect, when the dedup window fills, or by ``sync()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from imgate_client.core.frames import Frame
+
+__all__ = ["Connected", "ConnectionLost", "Event", "EventQueue", "Message", "Push",
+           "RoomMessages", "RoomRejoined", "Stopped", "SyncFailed"]
+
+
+@dataclass(frozen=True)
+class Connected:
+    url: str
+    reconnect: bool  # not the first connection of this client
+    synced: int  # messages the sync after it delivered
+
+
+@dataclass(frozen=True)
+class ConnectionLost:
+    url: str
+    code: int | None  # close code (None: no close frame, or the handshake failed)
+    reason: str
+    action: str  # "retry", "move", "refresh" or "stop"
+    delay: float  # seconds before the next attempt
+
+
+@dataclass(frozen=True)
+class Stopped:
+    code: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Message:
+    """A stored message: ``frame`` is the push or the sync entry as the node sent it."""
+
+    frame: Frame
+    via: str  # "push" or "sync"
+
+    @property
+    def op(self) -> str:
+        return str(self.frame.get("op"))
+
+    @property
+    def mid(self) -> int:
+        return int(self.frame["mid"])
+
+    @property
+    def sender(self) -> str:
+        return str(self.frame.get("from"))
+
+    @property
+    def body(self) -> Any:
+        return self.frame.get("body")
+
+    @property
+    def group(self) -> str | None:
+        g = self.frame.get("group")
+        return g if isinstance(g, str) else None
+
+    @property
+    def conv(self) -> str | None:
+        """The conversation: ``g:GROUP`` for a group message, else the peer (sync
+        entries carry ``conv``; a push is named from ``from`` / ``to`` by the client)."""
+        c = self.frame.get("conv")
+        return c if isinstance(c, str) else (f"g:{self.group}" if self.group else None)
+
+    @property
+    def recalled(self) -> bool:
+        return self.frame.get("recalled") is True
+
+
+@dataclass(frozen=True)
+class RoomMessages:
+    room: str
+    epoch: str | None
+    msgs: list[Frame]  # {"from", "body", "ts", "pos"}, in position order
+    via: str  # "live" or "rejoin"
+
+
+@dataclass(frozen=True)
+class RoomRejoined:
+    room: str
+    recovered: bool  # true: nothing was missed; the missed ones came as RoomMessages
+    reply: Frame
+
+
+@dataclass(frozen=True)
+class Push:
+    op: str
+    frame: Frame
+
+
+@dataclass(frozen=True)
+class SyncFailed:
+    error: str
+
+
+Event = (Connected | ConnectionLost | Stopped | Message | RoomMessages | RoomRejoined | Push
+         | SyncFailed)
+
+
+@dataclass(eq=False)
+class EventQueue:
+    """A callback for ``on_event`` that queues the events, and an async iterator
+    over them. ``maxlen``: keep only the newest (``dropped`` counts the rest);
+    None: unbounded (a consumer must keep up)."""
+
+    maxlen: int | None = None
+    dropped: int = 0
+    _items: deque[Event] = field(default_factory=deque)
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __call__(self, event: Event) -> None:
+        if self.maxlen is not None and len(self._items) >= self.maxlen:
+            self._items.popleft()
+            self.dropped += 1
+        self._items.append(event)
+        self._wakeup.set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __aiter__(self) -> EventQueue:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await self.get()
+
+    async def get(self) -> Event:
+        while not self._items:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self._items.popleft()
+
+    async def next(self, *kinds: type, timeout: float = 10) -> Any:
+        """The next event of one of ``kinds`` (any, if none given); events of other
+        kinds before it are dropped. TimeoutError after ``timeout``."""
+        async with asyncio.timeout(timeout):
+            while True:
+                ev = await self.get()
+                if not kinds or isinstance(ev, kinds):
+                    return ev
+
+    def drain(self) -> list[Event]:
+        """Every queued event, at once."""
+        out = list(self._items)
+        self._items.clear()
+        return out

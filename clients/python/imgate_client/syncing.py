@@ -1,0 +1,85 @@
+"""The ``Client``'s sync: ``GET /v1/sync`` from the cursor, page after page, each
+message not delivered yet becoming a ``Message`` (the ``Inbox`` of the core
+decides); pushes held meanwhile are delivered after it. A mixin on ``Client``:
+after every connect, when the dedup window fills, and on ``sync()``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from imgate_client.core import Frame, Inbox
+from imgate_client.events import Event, Stopped, SyncFailed
+from imgate_client.http import HttpError
+
+__all__ = ["Syncing"]
+
+SYNC_TRIES = 3
+
+
+class Syncing:
+    """Sync and the pushes held during one (see the module docstring)."""
+
+    inbox: Inbox
+    sync_limit: int
+    stopped: Stopped | None
+    _sync_lock: asyncio.Lock
+
+    async def http(self, method: str, path: str, *, json: Any = None,
+                   params: dict[str, Any] | None = None) -> Any:
+        raise NotImplementedError
+
+    def _deliver(self, f: Frame, via: str) -> None:
+        raise NotImplementedError
+
+    def _emit(self, event: Event) -> None:
+        raise NotImplementedError
+
+    async def sync(self) -> int:
+        """``GET /v1/sync`` from the cursor, every page: each message not delivered yet
+        becomes a ``Message`` event; returns how many."""
+        try:
+            return await self._sync_pages()
+        finally:
+            if self.inbox.syncing and not self._sync_lock.locked():
+                self._release_held()
+
+    async def _sync_pages(self) -> int:
+        async with self._sync_lock:
+            self.inbox.begin_sync()
+            delivered = 0
+            try:
+                while True:
+                    page = await self.http("GET", "/v1/sync",
+                                           params=self.inbox.sync_params(self.sync_limit))
+                    msgs, more = self.inbox.on_sync_page(page)
+                    for m in msgs:
+                        self._deliver(m, "sync")
+                    delivered += len(msgs)
+                    if not more:
+                        break
+            finally:
+                self._release_held()
+            return delivered
+
+    async def _background_sync(self) -> None:
+        with contextlib.suppress(HttpError, OSError, TimeoutError, ValueError):
+            await self._sync_pages()
+
+    async def _sync_after_connect(self) -> int:
+        for attempt in range(SYNC_TRIES):
+            try:
+                return await self._sync_pages()
+            except (HttpError, OSError, TimeoutError, ValueError) as exc:
+                if attempt == SYNC_TRIES - 1 or self.stopped is not None:
+                    self._release_held()
+                    self._emit(SyncFailed(repr(exc)))
+                    return 0
+                self.inbox.begin_sync()
+                await asyncio.sleep(0.5 * 2 ** attempt)
+        return 0
+
+    def _release_held(self) -> None:
+        for f in self.inbox.end_sync():
+            self._deliver(f, "push")

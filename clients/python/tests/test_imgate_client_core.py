@@ -1,0 +1,345 @@
+"""The SDK's sans-I/O core, without a server: frames and tokens, the in-flight send
+table, dedup by mid and sync paging, recv_ack batching, room positions and the
+rejoin recipe, the reconnect policy."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import random
+
+import orjson
+import pytest
+from imgate_client.core import (
+    AckBatcher,
+    Action,
+    Backoff,
+    Inbox,
+    Outbox,
+    Outcome,
+    ReconnectPolicy,
+    RequestIds,
+    Rooms,
+    RoomState,
+    decode,
+    encode,
+    error_of,
+    is_id,
+    make,
+    new_cmid,
+    token_expiry,
+    token_user,
+    with_token,
+)
+from imgate_client.http import HttpClient, HttpError
+
+
+def jwt_of(claims: dict) -> str:
+    def part(obj: dict) -> str:
+        return base64.urlsafe_b64encode(orjson.dumps(obj)).rstrip(b"=").decode()
+
+    return f"{part({'alg': 'HS256'})}.{part(claims)}.sig"
+
+
+# -- frames ---------------------------------------------------------------------------
+def test_frames_round_trip_and_errors():
+    f = make("send", "r1", to="b", cmid="c", body={"x": 1})
+    assert f == {"op": "send", "id": "r1", "to": "b", "cmid": "c", "body": {"x": 1}}
+    assert decode(encode(f)) == f
+    assert "id" not in make("typing", conv="b")
+    with pytest.raises(ValueError):
+        decode(b"[1, 2]")
+    assert error_of({"op": "error", "code": "forbidden", "message": "no"}) == ("forbidden", "no")
+    assert error_of({"op": "ack"}) is None
+
+
+def test_ids_and_cmids():
+    ids = RequestIds("q")
+    assert [ids.next(), ids.next()] == ["q1", "q2"]
+    cmids = {new_cmid() for _ in range(1000)}
+    assert len(cmids) == 1000 and all(is_id(c) for c in cmids)
+    assert not is_id("a b") and not is_id("x" * 65) and not is_id(3)
+
+
+def test_token_claims_are_read_without_the_key():
+    t = jwt_of({"sub": "alice", "exp": 1700000000})
+    assert token_user(t) == "alice" and token_expiry(t) == 1700000000.0
+    assert token_user("not-a-jwt") is None and token_expiry("a.b!.c") is None
+    assert token_expiry(jwt_of({"sub": "a", "exp": True})) is None
+
+
+# -- outbox -------------------------------------------------------------------------------
+def test_a_send_is_written_once_per_connection_until_acked():
+    ob = Outbox(ack_timeout=10)
+    p = ob.add("send", {"to": "b", "body": 1}, cmid="c1")
+    assert [x.cmid for x in ob.due(gen=1, now=0)] == ["c1"]
+    f1 = ob.write(p, 1, 0)
+    assert f1["cmid"] == "c1" and f1["op"] == "send" and f1["to"] == "b"
+    assert ob.due(1, 5) == []  # written on this connection, not overdue
+    # A reconnect: due again, same cmid, a new request id.
+    [again] = ob.due(2, 6)
+    f2 = ob.write(again, 2, 6)
+    assert f2["cmid"] == "c1" and f2["id"] != f1["id"] and p.attempts == 2
+    # The ack of the first frame (it was stored before the link broke) settles it.
+    got = ob.on_reply({"op": "ack", "re": f1["id"], "cmid": "c1", "mid": 7, "ts": 1}, 7)
+    assert got == (p, Outcome.ACKED) and len(ob) == 0
+    assert ob.on_reply({"op": "ack", "re": f2["id"], "cmid": "c1", "mid": 7}, 8) is None
+
+
+def test_ack_timeout_unavailable_and_refusals():
+    ob = Outbox(ack_timeout=10, retry_base=1, retry_cap=4, rng=random.Random(1))
+    p = ob.add("group_send", {"group": "g", "body": "x"})
+    f = ob.write(p, 1, 0)
+    assert ob.next_deadline() == 10
+    assert ob.due(1, 10) == [p]  # overdue: written again on the same connection
+    # unavailable: retried later, with jitter within [delay/2, delay]
+    assert ob.on_reply({"op": "error", "re": f["id"], "code": "unavailable"}, 20)[1] \
+        is Outcome.RETRY
+    assert p.retry_at is not None and 20.5 <= p.retry_at <= 21
+    assert ob.due(1, 20.4) == [] and ob.due(2, 20.4) == []  # even a new connection waits
+    assert ob.due(1, 21) == [p]
+    f = ob.write(p, 1, 21)
+    got = ob.on_reply({"op": "error", "re": f["id"], "code": "forbidden"}, 22)
+    assert got == (p, Outcome.FAILED) and p.cmid not in ob
+
+
+def test_outbox_refuses_a_cmid_in_flight_and_bad_ops():
+    ob = Outbox()
+    ob.add("send", {"to": "b", "body": 1}, cmid="same")
+    with pytest.raises(ValueError):
+        ob.add("send", {"to": "b", "body": 2}, cmid="same")
+    with pytest.raises(ValueError):
+        ob.add("room_send", {})
+    assert ob.remove("same") is not None and ob.remove("same") is None
+
+
+# -- inbox ----------------------------------------------------------------------------------
+def msg(mid: int, op: str = "msg") -> dict:
+    return {"op": op, "mid": mid, "from": "a", "to": "b", "body": mid}
+
+
+def test_each_mid_is_delivered_once_by_push_or_sync():
+    ib = Inbox(since=10)
+    assert ib.push(msg(5)) is None  # at or below the cursor: a sync had it
+    assert ib.push(msg(12)) == msg(12) and ib.push(msg(12)) is None
+    assert ib.push({"op": "typing"}) is None
+    ib.begin_sync()
+    assert ib.push(msg(20)) is None  # held while syncing
+    assert ib.push(msg(14)) is None
+    out, more = ib.on_sync_page({"msgs": [msg(11), msg(12), msg(13)], "next": 13,
+                                 "more": True})
+    assert [m["mid"] for m in out] == [11, 13] and more and ib.cursor == 13
+    out, more = ib.on_sync_page({"msgs": [msg(14)], "next": 14, "more": False})
+    assert [m["mid"] for m in out] == [14] and not more
+    assert [m["mid"] for m in ib.end_sync()] == [20]  # 14 came by sync already
+    assert ib.seen(12) and ib.seen(20) and not ib.seen(21)
+    assert ib.remembered == 1  # only 20 is above the cursor
+
+
+def test_a_page_that_does_not_move_ends_the_sync():
+    ib = Inbox()
+    ib.begin_sync()
+    _, more = ib.on_sync_page({"msgs": [], "next": 0, "more": True})
+    assert more is False
+    assert ib.sync_params(50) == {"since": 0, "limit": 50}
+
+
+def test_the_dedup_window_is_bounded_and_asks_for_a_sync():
+    ib = Inbox(window=10)
+    for mid in range(1, 5):
+        ib.fresh(mid)
+    assert not ib.wants_sync
+    ib.fresh(5)
+    assert ib.wants_sync
+    for mid in range(6, 16):
+        ib.fresh(mid)
+    assert ib.remembered == 10 and ib.evicted == 5 and not ib.seen(1) and ib.seen(15)
+
+
+def test_recv_acks_are_batched():
+    ab = AckBatcher(batch=3, delay=0.2)
+    assert ab.add(1, now=100) is False and ab.deadline == pytest.approx(100.2)
+    assert ab.add(2, now=100.1) is False and ab.deadline == pytest.approx(100.2)
+    assert ab.add(3) is True
+    assert ab.frame() == {"op": "recv_ack", "mids": [1, 2, 3]}
+    assert ab.frame() is None and ab.deadline is None
+    big = AckBatcher(batch=5000, max_pending=1500)
+    for mid in range(1600):
+        big.add(mid)
+    assert big.dropped == 100 and len(big.take()) == 1000 and len(big) == 500
+
+
+# -- rooms ------------------------------------------------------------------------------------
+def rm(*positions: int, epoch: str = "e1", room: str = "r") -> dict:
+    return {"op": "room_msgs", "room": room, "epoch": epoch,
+            "msgs": [{"from": "a", "body": p, "ts": 1, "pos": p} for p in positions]}
+
+
+def joined(pos: int, epoch: str | None = "e1", msgs=(), **kw) -> dict:
+    return {"op": "joined", "re": "r1", "room": "r", "online": 2, "users": 2, "epoch": epoch,
+            "pos": pos, "msgs": [{"from": "a", "body": p, "pos": p} for p in msgs], **kw}
+
+
+def test_first_join_then_rejoin_with_since_and_dedup_by_pos():
+    rooms = Rooms()
+    assert rooms.join_fields("r", history=5) == {"room": "r", "history": 5}
+    j = rooms.on_joined("r", joined(3, msgs=[1, 2, 3]), since_sent=False)
+    assert [m["pos"] for m in j.msgs] == [1, 2, 3] and j.recovered is None and j.online == 2
+    assert rooms.on_room_msgs(rm(3, 4, 5)) == ("r", rm(4, 5)["msgs"])  # 3: the overlap
+    assert rooms.on_room_msgs(rm(4)) == ("r", [])  # late or repeated
+    assert rooms.on_room_msgs(rm(1, room="other")) is None
+    # After a reconnect: since the highest position shown.
+    assert rooms.join_fields("r") == {"room": "r", "since": {"epoch": "e1", "pos": 5}}
+    j = rooms.on_joined("r", joined(7, msgs=[6, 7], recovered=True), since_sent=True)
+    assert [m["pos"] for m in j.msgs] == [6, 7] and j.recovered is True
+    j = rooms.on_joined("r", joined(9, msgs=[9], recovered=False), since_sent=True)
+    assert j.recovered is False and [m["pos"] for m in j.msgs] == [9]
+
+
+def test_frames_before_the_joined_reply_come_after_its_messages():
+    st = RoomState("r", history=10)
+    st.join_fields()
+    assert st.on_frame(rm(11, 12)) == []  # held: the reply is not here yet
+    j = st.on_joined(joined(11, msgs=[9, 10, 11]), since_sent=False)
+    assert [m["pos"] for m in j.msgs] == [9, 10, 11, 12]
+
+
+def test_a_new_epoch_starts_positions_over():
+    st = RoomState("r")
+    st.join_fields()
+    st.on_joined(joined(0, epoch=None), since_sent=False)  # no message yet
+    assert st.join_fields() == {"room": "r", "history": 100}  # a rejoin, still no epoch
+    st.on_joined(joined(0, epoch=None), since_sent=False)
+    assert [m["pos"] for m in st.on_frame(rm(1, 2))] == [1, 2]
+    assert [m["pos"] for m in st.on_frame(rm(1, epoch="e2"))] == [1]  # the room lost its state
+    assert st.epoch == "e2" and st.pos == 1
+
+
+def test_recovered_without_since():
+    st = RoomState("r")
+    st.join_fields()
+    st.on_joined(joined(0, epoch=None), since_sent=False)
+    st.join_fields()
+    assert st.on_joined(joined(0, epoch=None), since_sent=False).recovered is True
+    st2 = RoomState("r")
+    st2.join_fields()
+    st2.on_joined(joined(0, epoch=None), since_sent=False)
+    st2.join_fields()
+    j = st2.on_joined(joined(3, msgs=[1, 2, 3]), since_sent=False)
+    assert j.recovered is True and len(j.msgs) == 3
+    st3 = RoomState("r")
+    st3.join_fields()
+    st3.on_joined(joined(0, epoch=None), since_sent=False)
+    st3.join_fields()
+    assert st3.on_joined(joined(300, msgs=[201, 300]), since_sent=False).recovered is False
+
+
+def test_keep_late_counts_a_late_message_once():
+    st = RoomState("r", keep_late=True, window=8)
+    st.join_fields()
+    st.on_joined(joined(0, epoch=None), since_sent=False)
+    assert [m["pos"] for m in st.on_frame(rm(1, 3))] == [1, 3]
+    assert [m["pos"] for m in st.on_frame(rm(2, 3))] == [2]  # late: shown; 3 again: not
+    for p in range(4, 30):
+        st.on_frame(rm(p))
+    assert len(st._seen) <= 8 and st.on_frame(rm(5)) == []
+
+
+def test_a_refused_join_drops_its_held_frames():
+    st = RoomState("r")
+    st.join_fields()
+    st.on_frame(rm(1))
+    st.on_join_failed()
+    assert [m["pos"] for m in st.on_frame(rm(2))] == [2]
+
+
+# -- policy ----------------------------------------------------------------------------------
+def test_close_codes():
+    pol = ReconnectPolicy(rng=random.Random(0), move_jitter=0.5)
+    assert pol.on_close(4003, 0).action is Action.STOP
+    assert pol.on_close(4001, 0).action is Action.REFRESH
+    d = pol.on_close(1001, 0)
+    assert d.action is Action.MOVE and 0 <= d.delay <= 0.5
+    assert pol.on_close(1000, 0, told_to_move=True).action is Action.MOVE
+    assert pol.on_close(None, 0).action is Action.RETRY
+    assert pol.on_close(1011, 0).action is Action.RETRY
+    assert pol.on_refused(403).action is Action.STOP
+    assert pol.on_refused(429).action is Action.RETRY
+    assert pol.on_refused(None).action is Action.RETRY
+
+
+def test_repeated_401s_stop():
+    pol = ReconnectPolicy(max_refusals=2)
+    assert [pol.on_refused(401).action for _ in range(3)] == [
+        Action.REFRESH, Action.REFRESH, Action.STOP]
+    pol.on_open(0)  # a connection resets the count
+    assert pol.on_refused(401).action is Action.REFRESH
+
+
+def test_backoff_grows_with_jitter_and_resets_after_a_stable_connection():
+    b = Backoff(base=1, cap=8, rng=random.Random(3))
+    delays = [b.next() for _ in range(6)]
+    for d, full in zip(delays, [1, 2, 4, 8, 8, 8], strict=True):
+        assert full / 2 <= d <= full
+    pol = ReconnectPolicy(Backoff(base=1, cap=8), stable_s=5)
+    for _ in range(4):
+        pol.on_close(None, 0)
+    pol.on_open(10)
+    assert pol.on_close(None, 12).delay >= 8 / 2  # up 2 s: not stable, still backing off
+    pol.on_open(20)
+    assert pol.on_close(None, 30).delay <= 1  # up 10 s: starts over
+
+
+def test_with_token_and_a_join_that_does_not_hold():
+    assert with_token("/ws", "a.b-c") == "/ws?token=a.b-c"
+    assert with_token("ws://h/ws?x=1", "t+/") == "ws://h/ws?x=1&token=t%2B%2F"
+    assert with_token("/ws", None) == "/ws"
+    st = RoomState("r", keep_late=True)
+    assert st.join_fields(rejoin_history=0, hold=False) == {"room": "r"}
+    assert [m["pos"] for m in st.on_frame(rm(4))] == [4]  # counted as it comes
+    st.on_joined(joined(4, msgs=[3, 4]), since_sent=False)
+    st.on_joined(joined(0, epoch=None), since_sent=False)  # the room lost its state
+    assert st.join_fields(rejoin_history=0) == {"room": "r"}  # no history asked
+
+
+# -- the HTTP client, against a stub server -------------------------------------------
+def test_http_client_reads_chunked_and_sized_answers_on_one_connection():
+    async def run() -> None:
+        conns: list[int] = []
+        answers = [
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\n{\"a\":\r\n3\r\n 1}\r\n0\r\n\r\n",
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 47\r\n\r\n"
+            b'{"error":{"code":"not_found","message":"gone"}}',
+        ]
+
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            conns.append(1)
+            for answer in answers:
+                head = await r.readuntil(b"\r\n\r\n")
+                n = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await r.readexactly(n)
+                w.write(answer)
+                await w.drain()
+            w.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        h = HttpClient(f"http://127.0.0.1:{port}", timeout=5)
+        try:
+            assert await h.json("POST", "/x", json={"q": 1}) == {"a": 1}
+            with pytest.raises(HttpError) as err:
+                await h.json("GET", "/y", params={"since": 0})
+            assert (err.value.status, err.value.code, err.value.message) == (
+                404, "not_found", "gone")
+            assert len(conns) == 1  # kept alive
+        finally:
+            await h.close()
+            server.close()
+            await server.wait_closed()
+
+    loop = asyncio.new_event_loop()  # its own loop: the suite's stays the current one
+    try:
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
