@@ -1,20 +1,22 @@
 """A chat soak with failover clients, for failure tests and the failover benchmark.
 
-Each user holds one WebSocket (a ``Device``) to one endpoint and sends to the
-next user in a ring on a fixed schedule, one send in flight, resending the
-same ``cmid`` on ``unavailable``, a timeout or a lost connection. A user whose
-connection closes reconnects at once, round robin over the endpoints still
-``up``, and (``sync_on_connect``) syncs over HTTP from its cursor first, as a
-real client does. What each user sees is recorded with its time
-(``perf_counter``): connects, closes, acks, pushes. ``final_sync`` syncs users
-at the end; ``counts`` says whether every acknowledged message reached its
+Each user is an SDK client (``imgate_client.Client``) and sends to the next user
+in a ring on a fixed schedule, one send in flight. The client does what a real
+one does: it reconnects (jittered backoff, here round robin over the endpoints
+still ``up``), writes a send in flight again with the same ``cmid`` after a
+reconnect, an ack timeout or ``unavailable``, and (``sync_on_connect``) syncs
+over HTTP from its cursor after every connect, delivering each mid once. The
+soak records what each user sees, with its time (``perf_counter``), from the
+client's events: connects (``Connected``), closes and the sends they cut
+(``ConnectionLost``), acks (``Ack``: attempts, refusals, timeouts), messages
+(``Message``, by push or sync). ``final_sync`` reads users' stored messages at
+the end; ``counts`` says whether every acknowledged message reached its
 receiver, by push or by sync.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import math
@@ -24,17 +26,29 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-from websockets.exceptions import InvalidHandshake
+from imgate_client import (
+    Client,
+    ClientStopped,
+    Connected,
+    Connection,
+    ConnectionLost,
+    Event,
+    HttpError,
+    Message,
+    Push,
+    SendTimeout,
+    ServerError,
+    SyncFailed,
+)
 
-from testkit.device import Device, DeviceClosed, ws_url
-from testkit.http import HttpUser, http_url
+from testkit.device import ws_url
+from testkit.http import http_url
 from testkit.poll import bounded
 from testkit.tokens import issue_token
 
 __all__ = ["Ack", "Endpoint", "Got", "Soak", "SoakUser"]
 
-MAX_TRIES = 500  # sends of one cmid before giving up
+SEND_TIMEOUT_S = 600.0  # one send's bound when no stop set a deadline
 SYNC_LIMIT = 200
 SYNC_RETRIES = 4  # a 503 (a store timed out) is retried this often, a second apart
 
@@ -69,32 +83,44 @@ class Got:
 
 @dataclass(eq=False)
 class SoakUser:
-    """One user: one connection at a time, one send in flight."""
+    """One user: an SDK client (one connection at a time), one send in flight."""
 
     name: str
     peer: str  # whom it sends to
     home: int  # endpoint of its first connection
     token: str
+    client: Client = field(init=False, repr=False)
+    order: list[int] = field(default_factory=list)  # client's URL index -> endpoint
     at: int = -1  # endpoint of its current connection
-    device: Device | None = None
-    gen: int = 0  # connections opened so far
-    cursor: int = 0  # sync cursor
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    sent: int = 0  # distinct cmids put on the wire
-    attempts: int = 0  # send frames, resends included
+    sent: int = 0  # distinct cmids handed to the client
+    attempts: int = 0  # send frames, resends included (of the sends answered)
     acked: dict[str, Ack] = field(default_factory=dict)  # cmid -> its ack
     got: dict[int, Got] = field(default_factory=dict)  # mid -> how it arrived
-    dup_pushes: int = 0
     errors: Counter[str] = field(default_factory=Counter)
-    timeouts: int = 0
+    timeouts: int = 0  # resends after an ack timeout
     connects: list[tuple[float, int]] = field(default_factory=list)  # (t, endpoint)
     closes: list[float] = field(default_factory=list)
     lost_sends: list[float] = field(default_factory=list)  # a send in flight lost its socket
     synced: set[int] | None = None  # every mid of its final sync's answer, once synced
+    conns: list[Connection] = field(default_factory=list, repr=False)  # every one set up
+
+    @property
+    def gen(self) -> int:
+        """Connections opened so far."""
+        return self.client.connects
+
+    @property
+    def cursor(self) -> int:
+        return self.client.cursor
+
+    @property
+    def msg_pushes(self) -> int:
+        """``msg`` frames pushed to it, duplicates included."""
+        return sum(c.counts["msg"] for c in self.conns)
 
 
 class Soak:
-    """The users, their connections and their sends (see the module docstring)."""
+    """The users, their clients and their sends (see the module docstring)."""
 
     def __init__(self, endpoints: list[Endpoint], users: list[str], secret: str, *,
                  interval: float = 0.125, ack_timeout: float = 5.0,
@@ -107,123 +133,115 @@ class Soak:
         n = len(endpoints)
         self.users = [SoakUser(u, users[(i + 1) % len(users)], i % n,
                                issue_token(secret, u, 7200)) for i, u in enumerate(users)]
+        for u in self.users:
+            u.order = [(u.home + k) % n for k in range(n)]  # its home first
+            u.client = Client(
+                [endpoints[i].ws_url for i in u.order],
+                http_urls=[endpoints[i].http_url for i in u.order], token=u.token,
+                on_event=functools.partial(self._on_event, u), sync_on_connect=sync_on_connect,
+                sync_limit=SYNC_LIMIT, ack_timeout=ack_timeout, send_timeout=SEND_TIMEOUT_S,
+                refresh_ahead=None, http_timeout=15.0,
+                next_url=functools.partial(self._next_url, u))
         self.stopping = False  # no new sends
-        self.closing = False  # no reconnects
-        self.hard_deadline = math.inf  # no send is tried after this
+        self.hard_deadline = math.inf  # no send is waited for after this
         self.acks: list[tuple[float, float, int]] = []  # (t, since first send, home)
         self.pushes_at: list[float] = []
         self.sync_page_s: list[float] = []
         self.sync_failures: Counter[str] = Counter()
         self.connect_failures: Counter[str] = Counter()
-        self.other: Counter[str] = Counter()  # frames nobody expected
-        self.http = httpx.AsyncClient(timeout=15, trust_env=False)
+        self.other: Counter[str] = Counter()  # events nobody expected
         self._rr = itertools.count()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._deadlines: set[asyncio.Timeout] = set()  # of the sends waiting
         self._pumps: list[asyncio.Task[None]] = []
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     # -- connections -------------------------------------------------------------
-    def _next_up(self) -> int:
+    def _next_up(self) -> int | None:
         alive = [i for i, ep in enumerate(self.endpoints) if ep.up]
-        if not alive:
-            raise RuntimeError("no endpoint is up")
-        return alive[next(self._rr) % len(alive)]
+        return alive[next(self._rr) % len(alive)] if alive else None
 
-    async def connect(self, u: SoakUser, endpoint: int | None = None) -> None:
-        """To ``endpoint`` (RuntimeError after 10 failures), else round robin over
-        the endpoints up, until connected, closing or the hard deadline."""
-        failures = 0
-        while not self.closing and time.perf_counter() < self.hard_deadline:
-            i = endpoint if endpoint is not None else self._next_up()
-            try:
-                dev = await Device.open(self.endpoints[i].ws_url, u.token, open_timeout=5,
-                                        on_push=functools.partial(self._on_push, u),
-                                        on_close=functools.partial(self._on_close, u))
-            except (OSError, InvalidHandshake, TimeoutError) as exc:
-                self.connect_failures[type(exc).__name__] += 1
-                failures += 1
-                if endpoint is not None and failures >= 10:
-                    raise RuntimeError(f"{u.name} cannot connect to endpoint {i}") from exc
-                await asyncio.sleep(0.1)
-                continue
-            u.device, u.at, u.gen = dev, i, u.gen + 1
-            u.connects.append((time.perf_counter(), i))
-            if self.sync_on_connect:
-                await self.sync(u)
-            u.ready.set()
-            return
+    def _next_url(self, u: SoakUser, index: int) -> int:
+        """The client's next URL: round robin (shared by all users) over those up."""
+        i = self._next_up()
+        return index + 1 if i is None else u.order.index(i)
 
     async def connect_all(self, concurrency: int = 50) -> None:
-        """Every user to its home endpoint."""
+        """Every user to its home endpoint (the client's first URL), synced."""
         async with asyncio.timeout(120):
-            await bounded((self.connect(u, u.home) for u in self.users), concurrency)
+            await bounded((u.client.connect(timeout=120) for u in self.users), concurrency)
 
-    def _on_close(self, u: SoakUser, dev: Device) -> None:
-        if u.device is not dev:
-            return
-        u.ready.clear()
-        u.closes.append(time.perf_counter())
-        if not self.closing:
-            self._spawn(self.connect(u))
+    def _on_event(self, u: SoakUser, ev: Event) -> None:
+        t = time.perf_counter()
+        if isinstance(ev, Message):
+            self._on_message(u, ev, t)
+        elif isinstance(ev, Connected):
+            u.at = u.order[u.client.urls.index(ev.url)]
+            u.connects.append((t, u.at))
+            if u.client.connection is not None:
+                u.conns.append(u.client.connection)
+        elif isinstance(ev, ConnectionLost):
+            if not ev.opened:
+                self.connect_failures[ev.reason.partition("(")[0]] += 1
+                return
+            u.closes.append(t)
+            for _ in range(ev.unanswered):
+                u.lost_sends.append(t)
+                u.errors["lost"] += 1
+        elif isinstance(ev, SyncFailed):
+            self.sync_failures[f"sync after connect: {ev.error.partition('(')[0]}"] += 1
+            u.errors["sync_failed"] += 1
+        elif isinstance(ev, Push):
+            self.other[ev.op] += 1
 
-    def _on_push(self, u: SoakUser, f: dict[str, Any]) -> None:
-        mid = f.get("mid")
-        if f.get("op") != "msg" or not isinstance(mid, int):
-            self.other[str(f.get("op"))] += 1
-        elif f.get("to") != u.name:  # its own message, replayed after a broker outage
+    def _on_message(self, u: SoakUser, ev: Message, t: float) -> None:
+        if ev.op != "msg":
+            self.other[ev.op] += 1
+        elif ev.frame.get("to") != u.name:  # its own message, replayed after a broker outage
             self.other["msg from this user"] += 1
-        elif mid in u.got:
-            u.dup_pushes += 1
-        else:
-            t = time.perf_counter()
-            u.got[mid] = Got(t, str(f.get("from")), "push")
-            self.pushes_at.append(t)
+        elif ev.mid not in u.got:  # the client delivers each mid once
+            u.got[ev.mid] = Got(t if ev.via == "push" else None, ev.sender, ev.via)
+            if ev.via == "push":
+                self.pushes_at.append(t)
 
     # -- sending -----------------------------------------------------------------
     async def deliver(self, u: SoakUser, cmid: str, body: Any = None) -> Ack | None:
-        """Send ``cmid`` to ``u.peer`` until acked, resending the same cmid; None if
-        refused for good, or at the hard deadline."""
-        t_first = 0.0
-        for _ in range(MAX_TRIES):
-            left = self.hard_deadline - time.perf_counter()
-            if left <= 0:
-                return None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(u.ready.wait(), min(left, 30))
-            if not u.ready.is_set() or u.device is None:
-                continue
-            dev, gen = u.device, u.gen
-            if not t_first:
-                u.sent, t_first = u.sent + 1, time.perf_counter()
+        """Send ``cmid`` to ``u.peer`` until acked (the client resends the same cmid);
+        None if refused for good, or at the hard deadline."""
+        loop = asyncio.get_running_loop()
+        t_first = time.perf_counter()
+        u.sent += 1
+        try:
+            async with asyncio.timeout(None) as deadline:
+                self._deadlines.add(deadline)
+                if self.hard_deadline < math.inf:
+                    deadline.reschedule(loop.time() + self.hard_deadline - t_first)
+                try:
+                    a = await u.client.send(u.peer, {"c": cmid} if body is None else body,
+                                            cmid=cmid)
+                finally:
+                    self._deadlines.discard(deadline)
+        except SendTimeout as exc:
+            u.attempts += exc.attempts
+            u.errors["timeout"] += 1
+            return None
+        except TimeoutError:  # the hard deadline
+            u.errors["deadline"] += 1
+            return None
+        except ServerError as exc:
             u.attempts += 1
-            try:
-                reply = await dev.request("send", timeout=min(self.ack_timeout, max(0.01, left)),
-                                          to=u.peer, cmid=cmid,
-                                          body={"c": cmid} if body is None else body)
-            except TimeoutError:
-                u.timeouts += 1
-                u.errors["timeout"] += 1
-                continue
-            except DeviceClosed:
-                u.lost_sends.append(time.perf_counter())
-                u.errors["lost"] += 1
-                await asyncio.sleep(0.01)  # the reader notices and reconnects
-                continue
-            if reply.get("op") == "ack":
-                t = time.perf_counter()
-                ack = u.acked[cmid] = Ack(int(reply["mid"]), gen, t)
-                self.acks.append((t, t - t_first, u.home))
-                return ack
-            code = str(reply.get("code"))
-            u.errors[code] += 1
-            if code not in ("unavailable", "rate_limited"):
-                return None  # not worth retrying
-            await asyncio.sleep(0.2)
-        return None
+            u.errors[exc.code] += 1
+            return None
+        except ClientStopped:
+            return None
+        t = time.perf_counter()
+        u.attempts += a.attempts
+        u.timeouts += a.timeouts
+        if a.timeouts:
+            u.errors["timeout"] += a.timeouts
+        if a.refusals:
+            u.errors["refused, retried"] += a.refusals
+        ack = u.acked[cmid] = Ack(a.mid, u.gen, t)
+        self.acks.append((t, t - t_first, u.home))
+        return ack
 
     async def pump(self, u: SoakUser, first_due: float) -> None:
         """Sends ``u``'s messages (cmids ``<name>-<k>``), one every ``interval``."""
@@ -248,6 +266,9 @@ class Soak:
         pumps had to be cancelled."""
         self.stopping = True
         self.hard_deadline = time.perf_counter() + drain_s
+        at = asyncio.get_running_loop().time() + drain_s
+        for d in self._deadlines:
+            d.reschedule(at)
         stuck: set[asyncio.Task[None]] = set()
         if self._pumps:
             _, stuck = await asyncio.wait(self._pumps, timeout=drain_s + 1)
@@ -272,18 +293,17 @@ class Soak:
         finally:
             await self.stop()
 
-    # -- syncing and counting ------------------------------------------------------
+    # -- the final check -------------------------------------------------------------
     async def sync(self, u: SoakUser, final: bool = False) -> None:
-        """``GET /v1/sync`` from the user's cursor, every page, on its endpoint (or
-        another one up); records what pushes missed. A 503 is retried."""
-        ep = self.endpoints[u.at] if u.at >= 0 and self.endpoints[u.at].up else \
-            self.endpoints[self._next_up()]
-        http = HttpUser(ep.http_url, u.token, client=self.http)
+        """``GET /v1/sync`` from the user's cursor, every page (the client's node
+        first, then the others); records every mid answered (``synced``, when
+        ``final``) and what pushes missed. A 503 is retried."""
         if final:
             u.synced = set()
+        since = u.cursor
         try:
             for _ in range(1000):
-                page = await self._sync_page(http, u.cursor)
+                page = await self._sync_page(u, since)
                 if page is None:
                     u.errors["sync_failed"] += 1
                     return
@@ -292,25 +312,27 @@ class Soak:
                         u.synced.add(m["mid"])
                     if m.get("to") == u.name and m["mid"] not in u.got:
                         u.got[m["mid"]] = Got(None, str(m.get("from")), "sync")
-                moved, u.cursor = page["next"] > u.cursor, page["next"]
+                moved, since = page["next"] > since, page["next"]
                 if not page["more"] or not moved:
                     return
-        except (httpx.HTTPError, OSError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:
             self.sync_failures[type(exc).__name__] += 1
             u.errors["sync_failed"] += 1
 
-    async def _sync_page(self, http: HttpUser, since: int) -> dict[str, Any] | None:
+    async def _sync_page(self, u: SoakUser, since: int) -> dict[str, Any] | None:
         for attempt in range(SYNC_RETRIES + 1):
             t = time.perf_counter()
-            r = await http.get("/v1/sync", params={"since": since, "limit": SYNC_LIMIT})
-            if r.status_code == 200:
-                self.sync_page_s.append(time.perf_counter() - t)
-                page: dict[str, Any] = r.json()
-                return page
-            self.sync_failures[f"status {r.status_code}"] += 1
-            if r.status_code != 503 or attempt == SYNC_RETRIES:
-                return None
-            await asyncio.sleep(1.0)
+            try:
+                page: dict[str, Any] = await u.client.http(
+                    "GET", "/v1/sync", params={"since": since, "limit": SYNC_LIMIT})
+            except HttpError as exc:
+                self.sync_failures[f"status {exc.status}"] += 1
+                if exc.status != 503 or attempt == SYNC_RETRIES:
+                    return None
+                await asyncio.sleep(1.0)
+                continue
+            self.sync_page_s.append(time.perf_counter() - t)
+            return page
         return None
 
     async def final_sync(self, users: list[SoakUser] | None = None,
@@ -347,7 +369,9 @@ class Soak:
             "by_sync": paths["sync"], "missing": sorted(missing, key=lambda m: m["mid"]),
             "unacked_received": sum(1 for u in self.users for mid in u.got
                                     if mid not in acked_mids),
-            "duplicate_pushes": sum(u.dup_pushes for u in self.users),
+            # msg frames pushed beyond the mids delivered by push (the client drops them)
+            "duplicate_pushes": sum(max(0, u.msg_pushes - sum(
+                1 for g in u.got.values() if g.how == "push")) for u in self.users),
             "resends": sum(u.attempts for u in self.users) - sent,
             "ack_timeouts": sum(u.timeouts for u in self.users),
             "errors": dict(sum((u.errors for u in self.users), Counter())),
@@ -364,16 +388,11 @@ class Soak:
             await self.close()
 
     async def disconnect(self) -> None:
-        """Close every connection, no reconnects; HTTP (``final_sync``) still works."""
-        self.closing = True
+        """Close every client, no reconnects; HTTP (``final_sync``) still works."""
         for t in self._pumps:
             t.cancel()
-        await asyncio.gather(*(u.device.close() for u in self.users if u.device is not None),
-                             return_exceptions=True)
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._pumps, *self._tasks, return_exceptions=True)
+        await asyncio.gather(*(u.client.close() for u in self.users), return_exceptions=True)
+        await asyncio.gather(*self._pumps, return_exceptions=True)
 
     async def close(self) -> None:
-        await self.disconnect()
-        await self.http.aclose()
+        await self.disconnect()  # closes the clients' HTTP connections too

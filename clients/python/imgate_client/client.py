@@ -82,7 +82,8 @@ class Client(Ops, Syncing):
                  ack_batch: int = 100, ack_delay: float = 0.2, dedup_window: int = 10_000,
                  drain_grace: float = 5.0, policy: ReconnectPolicy | None = None,
                  rng: random.Random | None = None, http_timeout: float = 10.0,
-                 connect_kw: dict[str, Any] | None = None) -> None:
+                 connect_kw: dict[str, Any] | None = None,
+                 next_url: Callable[[int], int] | None = None) -> None:
         if not urls:
             raise ValueError("at least one ws:// URL")
         if token is None and get_token is None:
@@ -93,6 +94,7 @@ class Client(Ops, Syncing):
         self.request_timeout, self.send_timeout = request_timeout, send_timeout
         self.refresh_ahead, self.drain_grace = refresh_ahead, drain_grace
         self.connect_kw = connect_kw or {}
+        self.next_url = next_url  # index of the URL left -> index of the next (default +1)
         self.rng = rng or random.Random()
         self.policy = policy or ReconnectPolicy(rng=self.rng)
         self.outbox = Outbox(ack_timeout=ack_timeout, rng=self.rng)
@@ -224,7 +226,7 @@ class Client(Ops, Syncing):
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self.stopped is None:
-            url, code, reason = self.url, None, ""
+            url, code, reason, opened, unanswered = self.url, None, "", False, 0
             try:
                 token = await self._token_for_connect()
                 closed: asyncio.Future[None] = loop.create_future()
@@ -242,13 +244,15 @@ class Client(Ops, Syncing):
             else:
                 self.policy.on_open(loop.time())
                 self.connects += 1
+                opened = True
                 await self._setup(conn, url)
                 await closed
                 self._lost(conn)
+                unanswered = self.outbox.unanswered(self._gen)
                 code, reason = conn.close_code, conn.close_reason or ""
                 decision = self.policy.on_close(code, loop.time(), self._moving)
             self._emit(ConnectionLost(url, code, reason, decision.action.value,
-                                         decision.delay))
+                                      decision.delay, opened, unanswered))
             if decision.action is Action.STOP:
                 self._stop(code, decision.reason)
                 return
@@ -258,8 +262,18 @@ class Client(Ops, Syncing):
                     return
                 self._need_token = True
             else:
-                self._url_index += 1
+                self._url_index = self._next_index()
             await asyncio.sleep(decision.delay)
+
+    def _next_index(self) -> int:
+        """The URL to try next: ``next_url`` of the current index (kept in range; the
+        next in order if it raises), else the next in order."""
+        if self.next_url is not None:
+            try:
+                return self.next_url(self._url_index % len(self.urls)) % len(self.urls)
+            except Exception:
+                log.exception("next_url raised")
+        return self._url_index + 1
 
     async def _token_for_connect(self) -> str:
         exp = token_expiry(self._token) if self._token else None
@@ -430,7 +444,8 @@ class Client(Ops, Syncing):
             self.inbox.fresh(mid)  # our own message: not delivered back by a sync
             seq = f.get("seq")
             fut.set_result(Ack(p.cmid, mid, int(f.get("ts", 0)),
-                               seq if isinstance(seq, int) else None, p.attempts, f))
+                               seq if isinstance(seq, int) else None, p.attempts, f,
+                               p.refusals, p.timeouts))
         else:
             fut.set_exception(ServerError(f))
 
@@ -483,7 +498,7 @@ class Client(Ops, Syncing):
             async with asyncio.timeout(self.send_timeout if timeout is None else timeout):
                 return await fut
         except TimeoutError:
-            raise SendTimeout(p.cmid) from None
+            raise SendTimeout(p.cmid, p.attempts) from None
         finally:
             if not fut.done():
                 fut.cancel()

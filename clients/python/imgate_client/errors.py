@@ -26,15 +26,18 @@ class SendTimeout(TimeoutError):
     """No ack within the send's timeout. The message may be stored: sending again
     with the same ``cmid`` is safe (the node answers the original mid)."""
 
-    def __init__(self, cmid: str) -> None:
+    def __init__(self, cmid: str, attempts: int = 0) -> None:
         super().__init__(f"no ack for cmid {cmid}")
         self.cmid = cmid
+        self.attempts = attempts  # frames written for it
 
 
 @dataclass(frozen=True)
 class Ack:
     """A send's ack: ``attempts`` is how many frames it took (more than 1 after a
-    reconnect, an ``unavailable`` or an ack timeout)."""
+    reconnect, an ``unavailable`` or an ack timeout); of those resends,
+    ``refusals`` followed an ``unavailable`` / ``rate_limited`` answer and
+    ``timeouts`` an ``ack_timeout`` without an answer (the rest: reconnects)."""
 
     cmid: str
     mid: int
@@ -42,3 +45,5 @@ class Ack:
     seq: int | None
     attempts: int
     frame: Frame
+    refusals: int = 0
+    timeouts: int = 0

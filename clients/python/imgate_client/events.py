@@ -4,8 +4,9 @@ decides them. ``EventQueue`` turns that callback into an async iterator.
 
 - ``Connected``: a connection is up and set up again (in-flight sends written,
   presence resubscribed, rooms rejoined, synced).
-- ``ConnectionLost``: a connection ended (or could not be opened); ``action``
-  says what comes next: ``retry``, ``move``, ``refresh`` or ``stop``.
+- ``ConnectionLost``: a connection ended (or, ``opened`` false, could not be
+  opened); ``action`` says what comes next: ``retry``, ``move``, ``refresh``
+  or ``stop``; ``unanswered``: the sends in flight on it (written again).
 - ``Stopped``: no more reconnects: close 4003, a 403 handshake, no valid token,
   or ``close()``.
 - ``Message``: a ``msg`` / ``group_msg`` not delivered before, by push or by
@@ -49,6 +50,8 @@ class ConnectionLost:
     reason: str
     action: str  # "retry", "move", "refresh" or "stop"
     delay: float  # seconds before the next attempt
+    opened: bool = True  # False: the connection could not be opened (handshake failed)
+    unanswered: int = 0  # sends written on it and not answered: written again on the next
 
 
 @dataclass(frozen=True)

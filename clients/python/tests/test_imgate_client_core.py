@@ -103,6 +103,23 @@ def test_ack_timeout_unavailable_and_refusals():
     assert got == (p, Outcome.FAILED) and p.cmid not in ob
 
 
+def test_resends_are_told_apart_and_unanswered_sends_counted():
+    ob = Outbox(ack_timeout=10, retry_base=1, retry_cap=4, rng=random.Random(1))
+    p = ob.add("send", {"to": "b", "body": 1}, cmid="c1")
+    assert ob.unanswered(1) == 0  # not written yet
+    ob.write(p, 1, 0)
+    assert ob.unanswered(1) == 1 and ob.unanswered(2) == 0
+    ob.write(p, 1, 10)  # the ack timeout: same connection, no answer
+    assert (p.attempts, p.timeouts, p.refusals) == (2, 1, 0)
+    ob.write(p, 2, 11)  # a reconnect: neither
+    assert (p.attempts, p.timeouts) == (3, 1) and ob.unanswered(1) == 0
+    f = ob.write(p, 2, 21)  # overdue again on connection 2
+    ob.on_reply({"op": "error", "re": f["id"], "code": "unavailable"}, 22)
+    assert ob.unanswered(2) == 0  # answered: waits for its retry, not for an answer
+    ob.write(p, 2, 23)  # after the refusal: not a timeout
+    assert (p.attempts, p.timeouts, p.refusals) == (5, 2, 1)
+
+
 def test_outbox_refuses_a_cmid_in_flight_and_bad_ops():
     ob = Outbox()
     ob.add("send", {"to": "b", "body": 1}, cmid="same")
@@ -343,3 +360,36 @@ def test_http_client_reads_chunked_and_sized_answers_on_one_connection():
         loop.run_until_complete(run())
     finally:
         loop.close()
+
+
+def test_client_next_url_chooses_where_to_reconnect_and_failed_opens_say_so():
+    from imgate_client import Client, ConnectionLost
+    from imgate_client.core import Backoff, ReconnectPolicy
+
+    async def run() -> list[ConnectionLost]:
+        closed = []  # two ports nothing listens on
+        for _ in range(2):
+            srv = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+            closed.append(srv.sockets[0].getsockname()[1])
+            srv.close()
+            await srv.wait_closed()
+        urls = [f"ws://127.0.0.1:{port}/ws" for port in closed]
+        lost: list[ConnectionLost] = []
+        seen: list[int] = []
+
+        def next_url(i: int) -> int:
+            seen.append(i)
+            return 0  # stay on the first URL
+        c = Client(urls, token=jwt_of({"sub": "a"}), next_url=next_url,
+                   on_event=lambda ev: lost.append(ev) if isinstance(ev, ConnectionLost)
+                   else None,
+                   policy=ReconnectPolicy(Backoff(base=0.01, cap=0.01)))
+        with pytest.raises(TimeoutError):
+            await c.connect(timeout=0.3)
+        await c.close()
+        assert seen and set(seen) == {0}
+        return lost
+
+    lost = asyncio.run(run())
+    assert len(lost) >= 2 and {ev.url for ev in lost} == {lost[0].url}
+    assert all(not ev.opened and ev.unanswered == 0 and ev.action == "retry" for ev in lost)

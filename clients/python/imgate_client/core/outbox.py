@@ -39,6 +39,7 @@ class PendingSend:
     fields: dict[str, Any]  # to / group, body
     attempts: int = 0  # frames written
     refusals: int = 0  # unavailable / rate_limited answers so far
+    timeouts: int = 0  # frames written again after ack_timeout without an answer
     gen: int = -1  # connection the last frame went out on
     sent_at: float = 0.0  # when (the caller's clock) the last frame went out
     retry_at: float | None = None  # set after a retryable refusal
@@ -86,6 +87,8 @@ class Outbox:
 
     def write(self, p: PendingSend, gen: int, now: float) -> Frame:
         """The frame to write for ``p`` on connection ``gen`` now (a fresh request id)."""
+        if p.attempts and p.gen == gen and p.retry_at is None:
+            p.timeouts += 1  # same connection, not refused: the last frame went unanswered
         rid = self.ids.next()
         p.rids.append(rid)
         self._by_rid[rid] = p.cmid
@@ -131,6 +134,12 @@ class Outbox:
             return p, Outcome.RETRY
         self.remove(p.cmid)
         return p, Outcome.FAILED
+
+    def unanswered(self, gen: int) -> int:
+        """Entries whose last frame went out on connection ``gen`` and is still waiting
+        for its answer (not those waiting to be retried after a refusal)."""
+        return sum(1 for p in self._pending.values()
+                   if p.attempts and p.gen == gen and p.retry_at is None)
 
     def remove(self, cmid: str) -> PendingSend | None:
         """Forget ``cmid`` (answered, or given up by the caller)."""
