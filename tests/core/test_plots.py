@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import plots
+from bench import plots, svg_charts
 
 NS = {"s": "http://www.w3.org/2000/svg"}
 
@@ -220,7 +220,7 @@ def test_missing_fields_and_files_are_named(tmp_path: Path) -> None:
 
 
 def test_number_formats_and_ticks() -> None:
-    assert [plots.fmt_num(v) for v in (6733558, 138395.7, 25088.3, 924.1, 9.58, 0.5, 0)] == [
+    assert [svg_charts.fmt_num(v) for v in (6733558, 138395.7, 25088.3, 924.1, 9.58, 0.5, 0)] == [
         "6.73M", "138k", "25.1k", "924", "9.58", "0.5", "0"]
-    assert plots.linear_ticks(721_000) == [0, 200_000, 400_000, 600_000, 800_000]
-    assert plots.log_ticks(4.7, 185) == [2, 5, 10, 20, 50, 100, 200]
+    assert svg_charts.linear_ticks(721_000) == [0, 200_000, 400_000, 600_000, 800_000]
+    assert svg_charts.log_ticks(4.7, 185) == [2, 5, 10, 20, 50, 100, 200]
