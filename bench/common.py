@@ -371,7 +371,32 @@ def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
             total = diff.get(f'im_store_batch_size_sum{{stage="{m.group(1)}"}}', 0.0)
             batches[m.group(1)] = round(total / count, 1)
     counters = {k: int(v) for k, v in diff.items() if v and "_total" in k}
-    return {"mean_batch_size": batches, "counters": counters}
+    return {"mean_batch_size": batches, "counters": counters,
+            "histograms": histogram_quantiles(diff)}
+
+
+_BUCKET = re.compile(r'(\w+)_bucket\{(.*?),?le="([^"]+)"\}')
+
+
+def histogram_quantiles(diff: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Per histogram series with observations in the window: count, and the upper
+    bounds (s) of the buckets holding its p50 and p99 (Prometheus-style, coarse)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for key, v in diff.items():
+        if (m := _BUCKET.match(key)) is not None:
+            name = m.group(1) + (f"{{{m.group(2)}}}" if m.group(2) else "")
+            series.setdefault(name, []).append((float(m.group(3)), v))
+    out: dict[str, dict[str, Any]] = {}
+    for name, buckets in series.items():
+        buckets.sort()
+        total = buckets[-1][1] if buckets else 0
+        if total <= 0:
+            continue
+        q: dict[str, Any] = {"count": int(total)}
+        for p in (50, 99):
+            q[f"p{p}_le"] = next(le for le, c in buckets if c >= total * p / 100)
+        out[name] = q
+    return out
 
 
 # -- results -------------------------------------------------------------------

@@ -165,6 +165,7 @@ class Bench:
             "deliveries_per_s": round(dlv / win, 1), "frames_per_s": round(frames / win, 1),
             "msgs_per_frame": round(dlv / frames, 2) if frames else None,
             "latency": rc.hist_summary(hist, max(s["lat_max"] for s in stats)),
+            "latency_hist": hist,
             "latency_sample": f"{server.sampled} of {subs} subscribers",
             "sent": pub.sent, "acked": pub.acked, "unacked": len(pub.inflight),
             "errors": dict(pub.errors), "publisher_echo": pub.echo, "publisher_stuck": not done,
@@ -178,13 +179,16 @@ class Bench:
             "per_node_deliveries_per_s": [round(sum(s["url_win"][i] for s in stats) / win, 1)
                                           for i in range(len(server.urls))],
             "send_lag": common.latency_summary(lags) if lags else None,
+            "ack_latency": common.latency_summary(pub.ack_lat) if pub.ack_lat else None,
             "cpu": cpu, "cores": cores_by_role(cpu, server.pids),
-            "node_counters": [d["counters"] for d in deltas]}
+            "node_counters": [d["counters"] for d in deltas],
+            "node_stages": [{k: v for k, v in d["histograms"].items() if "room_stage" in k}
+                            for d in deltas]}
 
     async def drain(self, clients: list[common.Child], pub: rc.Publisher,
                     subs: int) -> tuple[list[dict[str, Any]], float]:
         """Poll the subscribers until every acked message has arrived everywhere, nothing
-        moved for 2 s, or ``--drain`` s passed."""
+        moved for 2 s with no send left un-acked, or ``--drain`` s passed."""
         t0 = still = time.perf_counter()
         last = -1
         while True:
@@ -192,8 +196,8 @@ class Bench:
             got, now = sum(s["total"] for s in stats), time.perf_counter()
             if got != last:
                 last, still = got, now
-            if (got >= pub.acked * subs and not pub.inflight) or now - still > 2 \
-                    or now - t0 > self.args.drain:
+            if (got >= pub.acked * subs and not pub.inflight) \
+                    or (now - still > 2 and not pub.inflight) or now - t0 > self.args.drain:
                 return stats, round(now - t0, 2)
             await asyncio.sleep(0.25)
 
@@ -318,6 +322,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ("--scale-rate", float, 200.0, "msgs/s offered to 1 node and to 3 nodes; 0: skip")))
     p.add_argument("--servers", default="ours,ws,sio", help="a subset of ours,ws,sio")
     p.add_argument("--skip-three", action="store_true", help="leave out the 3-node phase")
+    p.add_argument("--modes", default="throughput,paced",
+                   help="the one-node phases to run: a subset of throughput,paced")
     p.add_argument("--sio-mode", choices=("aiohttp", "asgi"), default="aiohttp",
                    help="python-socketio on aiohttp (default), or its ASGI app on uvicorn")
     p.add_argument("--quick", action="store_true",
@@ -327,6 +333,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.subscribers, args.seconds, args.warmup, args.drain = 100, 3.0, 1.0, 5.0
     args.paced_seconds = args.paced_seconds or args.seconds
     args.servers = [x for x in args.servers.split(",") if x]
+    args.modes = [x for x in args.modes.split(",") if x]
+    if set(args.modes) - {"throughput", "paced"} or not args.modes:
+        p.error("--modes is a non-empty subset of throughput,paced")
     if set(args.servers) - {"ours", "ws", "sio"} or min(
             args.subscribers, args.window, args.client_procs, args.sample_every) < 1:
         p.error("--servers is a subset of ours,ws,sio; counts must be >= 1")
@@ -343,7 +352,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "versions": {"websockets": version("websockets"), "socketio": version("python-socketio")}}
     plan: list[tuple[str, str, Any]] = []
     for name in args.servers:
-        for mode in ("throughput", "paced"):
+        for mode in args.modes:
             plan.append((name, mode, (lambda m=mode: b.start_ours(
                 f"ours-{m}", 1, "0" if m == "throughput" else None)) if name == "ours" else
                 (lambda m=mode, x=name: b.start_baseline(

@@ -221,6 +221,8 @@ class Publisher:
         conn.on_text = self._on_text
         self.rid = 1
         self.inflight: dict[int, bool] = {}  # id -> sent in the measured window
+        self.sent_at: dict[int, float] = {}  # id -> perf_counter() at the send
+        self.ack_lat: list[float] = []  # s, send to ``ok``, sends of the measured window
         self.errors: Counter[str] = Counter()
         self.window_open = False
         self.slots: asyncio.Semaphore | None = None
@@ -231,6 +233,7 @@ class Publisher:
         self.conn.stats.reset(marker, 0.0, 0.0)
         self.sent = self.acked = self.sent_win = self.echo = 0
         self.errors.clear()
+        self.ack_lat.clear()
 
     def _on_text(self, payload: bytes, now: float) -> None:
         n = payload.count(self.conn.stats.marker)  # the publisher is in the room too
@@ -242,6 +245,9 @@ class Publisher:
         win = self.inflight.pop(f.get("re"), None)  # type: ignore[arg-type]
         if win is None:
             return
+        at = self.sent_at.pop(f["re"])
+        if win and f.get("op") == "ok":
+            self.ack_lat.append(time.perf_counter() - at)
         if self.slots is not None:
             self.slots.release()
         if f.get("op") == "ok":
@@ -252,6 +258,7 @@ class Publisher:
     def publish(self) -> None:
         self.rid += 1
         self.inflight[self.rid] = self.window_open
+        self.sent_at[self.rid] = time.perf_counter()
         # ~100 bytes of JSON: t, m, s and padding
         self.conn.room_send(self.rid, {"t": time.time(), "m": self.marker, "s": self.rid,
                                        "x": PAD})

@@ -100,6 +100,12 @@ class NodeMetrics:
             "im_room_flush_seconds", "CPU time of one room flush (cap, encode, write to all)",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
             registry=r)
+        self.room_stage = Histogram(
+            "im_room_stage_seconds", "Stages of a room message on a node: position (the "
+            "oldest of a room's batch queued to its position taken), window (the oldest of "
+            "a room's window queued to the flush), write (flush to the last member written)",
+            ["stage"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
+                                0.2, 0.3, 0.5, 1), registry=r)
         self.room_held = Counter(
             "im_room_held_total", "Room flushes that held messages back for a missing "
             "position (another node's message still crossing the broker)", registry=r)

@@ -22,6 +22,7 @@ import asyncio
 import functools
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,8 @@ class RoomPositions:
         self._pending: dict[str, list[_Item]] = {}
         self._due: list[str] = []
         self._last: dict[str, float] = {}  # room -> loop time of its last call
+        self._since: dict[str, float] = {}  # room -> monotonic time its oldest waiting came
+        self._m_stage = metrics.room_stage.labels("position")
         self._task: asyncio.Task[None] | None = None
         self._ok = metrics.room_positions.labels("ok")
         self._failed = metrics.room_positions.labels("unavailable")
@@ -67,6 +70,7 @@ class RoomPositions:
         items = self._pending.get(room)
         if items is None:
             items = self._pending[room] = []
+            self._since[room] = time.monotonic()
             wait = self._last.get(room, -1e9) + self.window_s - loop.time()
             if wait > 0:
                 loop.call_later(wait, self._ready, room)
@@ -93,10 +97,15 @@ class RoomPositions:
                     self._last = {r: t for r, t in self._last.items()
                                   if t + self.window_s > now}
                 batch: list[tuple[str, list[_Item]]] = []
+                since = []
                 for room in rooms:
                     self._last[room] = now
                     batch.append((room, self._pending.pop(room)))
+                    since.append(self._since.pop(room))
                 await self._position(batch)
+                done = time.monotonic()
+                for t in since:
+                    self._m_stage.observe(done - t)
         finally:
             self._task = None
 

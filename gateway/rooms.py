@@ -12,6 +12,16 @@ frame(s) and their WebSocket wire bytes once, and hands the same bytes for
 every member to the node's ``SocketWriter`` (no await; a member whose write
 buffer is over the bound misses the frame, counted, and is noted as stuck).
 
+A room with more local members than ``write_chunk`` is written a chunk per
+loop turn (all such rooms progress in the same turn), so one big room's frame
+never holds the loop for the whole write (10,000 loopback writes take ~90 ms
+here): the position calls, the broker's confirms and other rooms move in
+between. While a room's frame is still being written its next flush waits,
+and the messages arriving meanwhile join that next frame: a room's window
+widens to the time its writes take, by itself, and narrows again as its load
+falls (adaptive coalescing, measured in docs/benchmarks.md, issue 17). Rooms
+at or below ``write_chunk`` members are written at once, as before.
+
 Positioned messages (``pos`` and ``epoch``, rooms v2) leave in position
 order: a flush sorts its window, and when positions are missing between the
 last one this node delivered and the window's, waits for them once, up to
@@ -44,14 +54,31 @@ class RoomLimits:
     buffer_max: int = 262_144  # socket write buffer past which room frames skip a member
     pending_max: int = 10_000  # messages queued per room per window; more are dropped
     reorder_s: float = 0.05  # a gap in a room's positions is waited for this long
+    write_chunk: int = 1000  # sockets a big room's frame is written to per loop turn
+
+
+class _Job:
+    """A big room's frames, still being written to the members it had at its flush."""
+
+    __slots__ = ("wires", "frags", "clients", "next", "again", "started")
+
+    def __init__(self, wires: list[bytes], frags: int, clients: list[Client],
+                 started: float) -> None:
+        self.started = started  # time.monotonic() at the flush
+        self.wires = wires
+        self.frags = frags  # messages in ``wires``
+        self.clients = clients
+        self.next = 0  # the first client not written yet
+        self.again = False  # a flush came due meanwhile: run it when this one is done
 
 
 class _Window:
     """A room's messages waiting for its next flush."""
 
-    __slots__ = ("frags", "prios", "poss", "epochs", "held")
+    __slots__ = ("frags", "prios", "poss", "epochs", "held", "since")
 
-    def __init__(self) -> None:
+    def __init__(self, since: float) -> None:
+        self.since = since  # time.monotonic() when the oldest message came
         self.frags: list[bytes] = []
         self.prios: list[int] = []
         self.poss: list[int] = []  # 0: not positioned (history off)
@@ -74,6 +101,8 @@ class RoomHub:
         self._next: dict[str, tuple[str | None, int]] = {}
         self._caps: dict[str, DeliveryCap] = {}
         self._last_flush: dict[str, float] = {}  # room -> loop time of its last flush
+        self._jobs: dict[str, _Job] = {}  # big rooms with frames still being written
+        self._writing = False  # ``_write_some`` is scheduled
         self._rng = rng or random.Random()
         m = metrics
         self._m_in = m.room_msgs_in
@@ -86,6 +115,8 @@ class RoomHub:
         self._m_skipped = m.room_skipped
         self._m_flush = m.room_flush_seconds
         self._m_held = m.room_held
+        self._m_window = m.room_stage.labels("window")
+        self._m_write = m.room_stage.labels("write")
 
     # -- membership ----------------------------------------------------------
     @property
@@ -169,8 +200,8 @@ class RoomHub:
             return
         win = self._pending.get(room)
         if win is None:
-            win = self._pending[room] = _Window()
             loop = asyncio.get_running_loop()
+            win = self._pending[room] = _Window(time.monotonic())
             wait = self._last_flush.get(room, -1e9) + self.limits.window_s - loop.time()
             if wait > 0:
                 loop.call_later(wait, self._flush, room)
@@ -185,6 +216,10 @@ class RoomHub:
         win.epochs.append(epoch)
 
     def _flush(self, room: str) -> None:
+        job = self._jobs.get(room)
+        if job is not None:  # the last frame is still being written: this window grows
+            job.again = True
+            return
         win = self._pending.pop(room)
         members = self.members.get(room)
         if not members:
@@ -192,14 +227,53 @@ class RoomHub:
             return
         loop = asyncio.get_running_loop()
         self._last_flush[room] = loop.time()
+        now_m = time.monotonic()
+        self._m_window.observe(now_m - win.since)
         started = time.perf_counter()
         runs = self._in_order(room, win)
         if room in self._pending:  # a gap: the rest waits for it
             loop.call_later(self.limits.reorder_s, self._flush, room)
         now = time.monotonic()
-        for epoch, frags, prios in runs:
-            self._send(room, members.values(), epoch, frags, prios, now)
+        wires: list[bytes] = []
+        frags = 0
+        for epoch, run, prios in runs:
+            frags += self._frames(room, epoch, run, prios, now, wires)
+        if wires:
+            chunk = self.limits.write_chunk
+            if len(members) <= chunk:
+                self._write(members.values(), wires, frags)
+                self._m_write.observe(time.monotonic() - now_m)
+            else:
+                job = self._jobs[room] = _Job(wires, frags, list(members.values()), now_m)
+                self._write(job.clients[:chunk], wires, frags)
+                job.next = chunk
+                if not self._writing:
+                    self._writing = True
+                    loop.call_soon(self._write_some)
         self._m_flush.observe(time.perf_counter() - started)
+
+    def _write_some(self) -> None:
+        """The next chunk of every big room's frames (one loop turn)."""
+        self._writing = False
+        chunk = self.limits.write_chunk
+        for room, job in list(self._jobs.items()):
+            end = job.next + chunk
+            self._write(job.clients[job.next:end], job.wires, job.frags)
+            job.next = end
+            if end >= len(job.clients):
+                del self._jobs[room]
+                self._m_write.observe(time.monotonic() - job.started)
+                if job.again and room in self._pending:
+                    self._flush(room)  # may start the room's next job
+        if self._jobs and not self._writing:
+            self._writing = True
+            asyncio.get_running_loop().call_soon(self._write_some)
+
+    def _write(self, clients: Iterable[Client], wires: list[bytes], frags: int) -> None:
+        written = self.hub.writer.write_each(clients, wires, self.limits.buffer_max,
+                                             skipped=self._m_skipped)
+        self._m_writes.inc(written * len(wires))
+        self._m_delivered.inc(written * frags)
 
     def _in_order(self, room: str, win: _Window
                   ) -> list[tuple[str | None, list[bytes], list[int]]]:
@@ -226,7 +300,7 @@ class RoomHub:
                 nxt = max(nxt, pos + 1)  # (a late one, below nxt, goes now)
         if cut < len(order):
             self._m_held.inc()
-            rest = self._pending[room] = _Window()
+            rest = self._pending[room] = _Window(win.since)
             rest.held = True
             for i in order[cut:]:
                 rest.frags.append(win.frags[i])
@@ -240,9 +314,10 @@ class RoomHub:
                                        expected[1] if expected and expected[0] == epoch else 0))
         return [(epoch, [win.frags[i] for i in order], [win.prios[i] for i in order])]
 
-    def _send(self, room: str, members: Iterable[Client], epoch: str | None,
-              frags: list[bytes], prios: list[int], now: float) -> None:
-        """The room's delivery cap, then one set of frames for every member."""
+    def _frames(self, room: str, epoch: str | None, frags: list[bytes], prios: list[int],
+                now: float, out: list[bytes]) -> int:
+        """The room's delivery cap, then the run's frames' wire bytes onto ``out``;
+        returns how many messages they carry."""
         lim = self.limits
         cap = self._caps.get(room)
         if cap is None:
@@ -255,10 +330,8 @@ class RoomHub:
             frags = sample(frags, prios, allowed, self._rng)
             self._m_cap.inc(normal - allowed)
         if not frags:
-            return
+            return 0
         wires = [ws_text_frame(f) for f in room_frames(room, frags, lim.frame_max, epoch)]
-        written = self.hub.writer.write_each(members, wires, lim.buffer_max,
-                                             skipped=self._m_skipped)
         self._m_frames.inc(len(wires))
-        self._m_writes.inc(written * len(wires))
-        self._m_delivered.inc(written * len(frags))
+        out.extend(wires)
+        return len(frags)

@@ -20,6 +20,17 @@ URL, 60 s by default): a node that hangs, rather than dies, is left that late.
 
 Publishes use publisher confirms, but no caller waits on one message's
 confirm: the router hands over whole batches and gathers their confirms.
+Two channels, each with confirms: one for the router's traffic (node and room
+envelopes, the node's queue and bindings), one for events out, so a backlog of
+events never delays a chat or room acknowledgement. A publish is handed to
+aiormq without waiting for its frame to reach the socket (``wait=False``):
+aiormq otherwise holds the channel's lock until the writer task has written
+that one frame, so a batch takes several loop turns per message, and on a loop
+busy with a big room's fan-out the publishes of a batch time out behind each
+other (measured: a 10,000-member room with a connect storm's presence events
+got no room ``ok`` at all). Confirms still come back from the broker, in order.
+A channel the broker closes while the connection stays up counts as a lost
+link: the supervisor sets everything up again.
 """
 
 from __future__ import annotations
@@ -39,6 +50,8 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
 )
+from aiormq import Channel as AmqpChannel
+from aiormq import spec
 from aiormq.exceptions import AMQPError
 
 from router.amqp_urls import mask_password, parse_amqp_urls
@@ -80,6 +93,9 @@ class RabbitMQBroker:
         self._lost_at = 0.0
         self._conn: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
+        self._events_channel: AbstractChannel | None = None
+        self._underlay: dict[str, AmqpChannel] = {}  # exchange kind -> its aiormq channel
+        self._names: dict[str, str] = {}  # exchange kind -> exchange name
         self._queue: AbstractQueue | None = None
         self._exchanges: dict[str, AbstractExchange] = {}
         self._lost = asyncio.Event()
@@ -139,7 +155,11 @@ class RabbitMQBroker:
         self._conn, self._channel, self._queue = conn, channel, queue
         self.index = index
         conn.close_callbacks.add(self._connection_closed)
-        if conn.is_closed:  # it closed before the callback was there
+        for ch in (channel, self._events_channel):
+            assert ch is not None
+            ch.close_callbacks.add(self._channel_closed)
+        if conn.is_closed or channel.is_closed or (
+                self._events_channel is not None and self._events_channel.is_closed):
             raise ConnectionError("the connection closed during setup")
         self._lost.clear()
         self.connected.set()
@@ -147,14 +167,23 @@ class RabbitMQBroker:
     async def _declare(self, conn: AbstractConnection) -> tuple[AbstractChannel, AbstractQueue]:
         """Exchanges, the node's queue, its bindings (recorded ones too), the consumer."""
         channel = await conn.channel(publisher_confirms=True)
+        events = self._events_channel = await conn.channel(publisher_confirms=True)
         ns = self.namespace
         self._exchanges = {
             "node": await channel.declare_exchange(f"{ns}.node", aio_pika.ExchangeType.DIRECT),
             "room": await channel.declare_exchange(f"{ns}.room", aio_pika.ExchangeType.DIRECT),
             # Durable: the product binds its own durable queues to it (events out).
-            "events": await channel.declare_exchange(f"{ns}.events",
-                                                     aio_pika.ExchangeType.TOPIC, durable=True),
+            "events": await events.declare_exchange(f"{ns}.events",
+                                                    aio_pika.ExchangeType.TOPIC, durable=True),
         }
+        self._names = {kind: x.name for kind, x in self._exchanges.items()}
+        router_underlay = await channel.get_underlay_channel()
+        events_underlay = await events.get_underlay_channel()
+        # aiormq's own channel: its ``basic_publish`` takes ``wait`` (the abstract one's not).
+        assert isinstance(router_underlay, AmqpChannel)
+        assert isinstance(events_underlay, AmqpChannel)
+        self._underlay = {"node": router_underlay, "room": router_underlay,
+                          "events": events_underlay}
         # A fresh name for each setup: the queue of the lost link may still be on
         # record (on a node that hangs, until the cluster declares it down), and
         # redeclaring that name would be refused (RESOURCE_LOCKED) until then.
@@ -186,6 +215,15 @@ class RabbitMQBroker:
         self._lost_index, self.index = self.index, -1
         self.connected.clear()
         self._lost.set()
+
+    def _channel_closed(self, sender: Any, *_: Any) -> None:
+        """A channel closed by the broker (or by aiormq after a cancelled RPC)
+        while its connection stays up: drop the link and set up afresh."""
+        if self._closing or sender not in (self._channel, self._events_channel):
+            return
+        if self._conn is not None and not self._conn.is_closed and self.connected.is_set():
+            log.warning("RabbitMQ channel closed under a live connection; setting up again")
+            self._connection_closed(self._conn)
 
     async def _supervise(self) -> None:
         while not self._closing:
@@ -252,13 +290,16 @@ class RabbitMQBroker:
                        persistent: bool = False, message_id: str | None = None) -> None:
         if not self.connected.is_set():
             raise BrokerUnavailable("not connected to RabbitMQ")
-        mode = (aio_pika.DeliveryMode.PERSISTENT if persistent
-                else aio_pika.DeliveryMode.NOT_PERSISTENT)
-        message = aio_pika.Message(envelope, app_id=self.node, delivery_mode=mode,
-                                   content_type="application/json" if persistent else None,
-                                   message_id=message_id)
+        props = (spec.Basic.Properties(app_id=self.node, delivery_mode=2,
+                                       content_type="application/json",
+                                       message_id=message_id) if persistent
+                 else spec.Basic.Properties(app_id=self.node, delivery_mode=1,
+                                            message_id=message_id))
         try:
-            await self._exchanges[kind].publish(message, routing_key=key, timeout=5)
+            # Not mandatory: an event with no queue bound yet is dropped, not returned.
+            await self._underlay[kind].basic_publish(
+                envelope, exchange=self._names[kind], routing_key=key, properties=props,
+                mandatory=False, timeout=5, wait=False)
         except (TimeoutError, AMQPError, OSError, RuntimeError) as exc:
             raise BrokerUnavailable(type(exc).__name__) from exc
 

@@ -1,0 +1,104 @@
+"""gateway.rooms: a room bigger than ``write_chunk`` is written a chunk of sockets
+per loop turn; its next frame waits for the last one to reach every member and
+carries what arrived meanwhile (no server: fake sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from gateway.hub import Hub
+from gateway.metrics import NodeMetrics
+from gateway.rooms import RoomHub, RoomLimits
+from testkit.poll import until
+from tests.core.test_connections import make_client, metric, parse, tr
+
+
+def rig(members: int, chunk: int):
+    m = NodeMetrics()
+    rooms = RoomHub(Hub(m, 1 << 20), m, RoomLimits(window_s=0.0, rate_cap=0,
+                                                    write_chunk=chunk))
+    clients = [make_client(f"u{i}") for i in range(members)]
+    for c in clients:
+        rooms.join(c, "r")
+    return m, rooms, clients
+
+
+def put(rooms: RoomHub, *bodies: int) -> None:
+    for b in bodies:
+        rooms.deliver_room("r", orjson.dumps({"from": "a", "body": b, "ts": 1}), 0)
+
+
+def frames_of(client) -> list[list[int]]:
+    """The messages' bodies, frame by frame."""
+    return [[m["body"] for m in orjson.loads(f.data)["msgs"]]
+            for wire in tr(client).out for f in parse(wire)]
+
+
+def written(clients) -> int:
+    return sum(1 for c in clients if tr(c).out)
+
+
+async def test_a_big_room_is_written_a_chunk_per_turn():
+    m, rooms, clients = rig(members=10, chunk=4)
+    put(rooms, 1)
+    await asyncio.sleep(0)  # the flush: the first chunk at once
+    assert written(clients) == 4
+    await asyncio.sleep(0)
+    assert written(clients) == 8
+    await asyncio.sleep(0)
+    assert written(clients) == 10
+    assert all(frames_of(c) == [[1]] for c in clients)
+    assert metric(m, "im_room_deliveries_total") == 10
+    assert metric(m, "im_room_writes_total") == 10
+
+
+async def test_a_small_room_is_written_at_once():
+    _, rooms, clients = rig(members=4, chunk=4)
+    put(rooms, 1)
+    await asyncio.sleep(0)
+    assert written(clients) == 4
+
+
+async def test_the_next_frame_waits_for_the_last_and_gathers_what_came_meanwhile():
+    m, rooms, clients = rig(members=9, chunk=3)
+    put(rooms, 1)
+    await asyncio.sleep(0)  # frame [1] to the first chunk
+    put(rooms, 2)
+    await asyncio.sleep(0)
+    put(rooms, 3)  # both come while [1] is still being written
+    assert await until(lambda: all(len(frames_of(c)) == 2 for c in clients), timeout=5,
+                       every=0.001)
+    # Every member: [1] first, then one frame with the two that waited, in order.
+    assert all(frames_of(c) == [[1], [2, 3]] for c in clients)
+    assert metric(m, "im_room_frames_total") == 2
+    assert metric(m, "im_room_deliveries_total") == 27
+
+
+async def test_a_member_gone_mid_write_is_skipped_and_the_rest_still_get_it():
+    _, rooms, clients = rig(members=6, chunk=2)
+    put(rooms, 1)
+    await asyncio.sleep(0)
+    gone = clients[5]
+    rooms.leave(gone, "r")
+    gone.ws.protocol.state = type(gone.ws.protocol.state).CLOSED  # its socket closed
+    assert await until(lambda: written(clients[:5]) == 5, timeout=5, every=0.001)
+    assert frames_of(gone) == []
+
+
+async def test_two_big_rooms_progress_in_the_same_turns():
+    m = NodeMetrics()
+    rooms = RoomHub(Hub(m, 1 << 20), m, RoomLimits(window_s=0.0, rate_cap=0, write_chunk=2))
+    a = [make_client(f"a{i}") for i in range(4)]
+    b = [make_client(f"b{i}") for i in range(4)]
+    for c in a:
+        rooms.join(c, "ra")
+    for c in b:
+        rooms.join(c, "rb")
+    rooms.deliver_room("ra", orjson.dumps({"from": "x", "body": 1, "ts": 1}), 0)
+    rooms.deliver_room("rb", orjson.dumps({"from": "x", "body": 2, "ts": 1}), 0)
+    await asyncio.sleep(0)
+    assert (written(a), written(b)) == (2, 2)
+    await asyncio.sleep(0)
+    assert (written(a), written(b)) == (4, 4)
