@@ -375,7 +375,8 @@ def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
             "histograms": histogram_quantiles(diff)}
 
 
-_BUCKET = re.compile(r'(\w+)_bucket\{(.*?),?le="([^"]+)"\}')
+_BUCKET = re.compile(r'(\w+)_bucket\{(.*)\}')
+_LE = re.compile(r',?le="([^"]+)",?')
 
 
 def histogram_quantiles(diff: dict[str, float]) -> dict[str, dict[str, Any]]:
@@ -383,9 +384,10 @@ def histogram_quantiles(diff: dict[str, float]) -> dict[str, dict[str, Any]]:
     bounds (s) of the buckets holding its p50 and p99 (Prometheus-style, coarse)."""
     series: dict[str, list[tuple[float, float]]] = {}
     for key, v in diff.items():
-        if (m := _BUCKET.match(key)) is not None:
-            name = m.group(1) + (f"{{{m.group(2)}}}" if m.group(2) else "")
-            series.setdefault(name, []).append((float(m.group(3)), v))
+        if (m := _BUCKET.match(key)) is not None and (le := _LE.search(m.group(2))):
+            labels = (m.group(2)[:le.start()] + "," + m.group(2)[le.end():]).strip(",")
+            name = m.group(1) + (f"{{{labels}}}" if labels else "")
+            series.setdefault(name, []).append((float(le.group(1)), v))
     out: dict[str, dict[str, Any]] = {}
     for name, buckets in series.items():
         buckets.sort()

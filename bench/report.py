@@ -70,8 +70,13 @@ def _node_metric_rows(nm: dict[str, Any] | None) -> list[list[Any]]:
     wanted = ("im_sends_total", "im_errors_total", "im_push_skipped_total", "im_pushes_total")
     counters = ", ".join(f"{k.removeprefix('im_')}={v}" for k, v in nm["counters"].items()
                          if k.startswith(wanted))
+    stages = "; ".join(
+        f"{k.removeprefix('im_').replace('_seconds', '')} p50 <= {fmt(v['p50_le'] * 1000)}, "
+        f"p99 <= {fmt(v['p99_le'] * 1000)}" for k, v in sorted(nm.get("histograms", {}).items())
+        if k.startswith(("im_store_stage", "im_send_ack", "im_loop_lag")))
     return [["node: mean store batch size in window", batches or "-"],
-            ["node: counters in window", counters or "-"]]
+            ["node: counters in window", counters or "-"],
+            ["node: stage histograms in window (ms, bucket bounds)", stages or "-"]]
 
 
 def _cpu_rows(cpu: dict[str, Any]) -> list[list[Any]]:

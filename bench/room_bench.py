@@ -182,7 +182,8 @@ class Bench:
             "ack_latency": common.latency_summary(pub.ack_lat) if pub.ack_lat else None,
             "cpu": cpu, "cores": cores_by_role(cpu, server.pids),
             "node_counters": [d["counters"] for d in deltas],
-            "node_stages": [{k: v for k, v in d["histograms"].items() if "room_stage" in k}
+            "node_stages": [{k: v for k, v in d["histograms"].items()
+                             if "room_stage" in k or "loop_lag" in k}
                             for d in deltas]}
 
     async def drain(self, clients: list[common.Child], pub: rc.Publisher,

@@ -70,7 +70,7 @@ class Settings:
     room_history: int = 100  # messages kept per room for join history and recovery; 0: off
     room_history_ttl_s: float = 300.0  # ...kept at most this long
     room_reorder_ms: float = 50.0  # a gap in a room's positions is waited for this long
-    room_write_chunk: int = 1000  # a bigger room's frame is written this many sockets a turn
+    room_write_chunk: int = 100  # a bigger room is written this many members per loop turn
     room_rate_cap: float = 50.0  # room messages/s delivered to each member; 0: no cap
     room_buffer_max: int = 262_144  # bytes queued on a socket before room frames skip it
     room_pending_max: int = 10_000  # room messages queued per window before drops

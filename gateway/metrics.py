@@ -65,6 +65,10 @@ class NodeMetrics:
         self.stage_flush = Histogram(
             "im_store_stage_flush_seconds", "Time one batch flush took", ["stage"],
             buckets=stage_buckets, registry=r)
+        self.loop_lag = Histogram(
+            "im_loop_lag_seconds", "How late a 100 ms timer on the event loop fires: the "
+            "loop's longest turns (a big write, a GC pause, a blocking call)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1), registry=r)
         self.closed = Counter("im_closed_total", "Connections closed by the node",
                               ["reason"], registry=r)
         self.beats = Counter("im_heartbeats_total", "Lease renewals and heartbeats by "

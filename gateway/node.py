@@ -119,6 +119,7 @@ class Node:
         await self._listen(app)
         self._tasks.append(asyncio.create_task(self._every("room housekeeping",
                                                            s.room_report_s, app.tick)))
+        self._tasks.append(asyncio.create_task(self._watch_lag()))
         log.info("node %s serving ws=%s:%d http=%s:%d metrics=%s namespace=%s", self.name,
                  s.host, self.ws_port, s.host, self.http_port,
                  f"{s.metrics_host}:{self.metrics_port}" if self.metrics_port >= 0 else "off",
@@ -191,6 +192,15 @@ class Node:
                 log.warning("%s failed: %s", name, exc)
             except Exception:  # keep ticking: a failed run is retried by the next
                 log.exception("%s failed", name)
+
+    async def _watch_lag(self, period_s: float = 0.1) -> None:
+        """``im_loop_lag_seconds``: how late a timer fires. time.monotonic(), not
+        loop.time(): uvloop's clock is read once per loop turn."""
+        lag = self.metrics.loop_lag
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(period_s)
+            lag.observe(max(0.0, time.monotonic() - t - period_s))
 
     async def beat(self) -> None:
         """One lease renewal and heartbeat now (the keeper's thread does this

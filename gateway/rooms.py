@@ -12,15 +12,12 @@ frame(s) and their WebSocket wire bytes once, and hands the same bytes for
 every member to the node's ``SocketWriter`` (no await; a member whose write
 buffer is over the bound misses the frame, counted, and is noted as stuck).
 
-A room with more local members than ``write_chunk`` is written a chunk per
-loop turn (all such rooms progress in the same turn), so one big room's frame
-never holds the loop for the whole write (10,000 loopback writes take ~90 ms
-here): the position calls, the broker's confirms and other rooms move in
-between. While a room's frame is still being written its next flush waits,
-and the messages arriving meanwhile join that next frame: a room's window
-widens to the time its writes take, by itself, and narrows again as its load
-falls (adaptive coalescing, measured in docs/benchmarks.md, issue 17). Rooms
-at or below ``write_chunk`` members are written at once, as before.
+A room with more local members than ``write_chunk`` is written by a cursor,
+a chunk of members per loop turn (``gateway.room_ring``): one big room's
+frame never holds the loop for the whole write (10,000 loopback writes take
+~90 ms here), each member gets one write per pass with every frame it lacks,
+and a message waits at most one pass. Rooms at or below ``write_chunk``
+members are written at once.
 
 Positioned messages (``pos`` and ``epoch``, rooms v2) leave in position
 order: a flush sorts its window, and when positions are missing between the
@@ -35,13 +32,14 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.connections import Client, ConnectionIndex
 from gateway.fanout import DeliveryCap, room_frames, sample, ws_text_frame
 from gateway.hub import Hub
 from gateway.metrics import NodeMetrics
+from gateway.room_ring import RoomRing, first_pass
 
 __all__ = ["RoomHub", "RoomLimits"]
 
@@ -54,22 +52,7 @@ class RoomLimits:
     buffer_max: int = 262_144  # socket write buffer past which room frames skip a member
     pending_max: int = 10_000  # messages queued per room per window; more are dropped
     reorder_s: float = 0.05  # a gap in a room's positions is waited for this long
-    write_chunk: int = 1000  # sockets a big room's frame is written to per loop turn
-
-
-class _Job:
-    """A big room's frames, still being written to the members it had at its flush."""
-
-    __slots__ = ("wires", "frags", "clients", "next", "again", "started")
-
-    def __init__(self, wires: list[bytes], frags: int, clients: list[Client],
-                 started: float) -> None:
-        self.started = started  # time.monotonic() at the flush
-        self.wires = wires
-        self.frags = frags  # messages in ``wires``
-        self.clients = clients
-        self.next = 0  # the first client not written yet
-        self.again = False  # a flush came due meanwhile: run it when this one is done
+    write_chunk: int = 100  # members of a big room written per loop turn
 
 
 class _Window:
@@ -101,7 +84,7 @@ class RoomHub:
         self._next: dict[str, tuple[str | None, int]] = {}
         self._caps: dict[str, DeliveryCap] = {}
         self._last_flush: dict[str, float] = {}  # room -> loop time of its last flush
-        self._jobs: dict[str, _Job] = {}  # big rooms with frames still being written
+        self._rings: dict[str, RoomRing] = {}  # big rooms with frames still being written
         self._writing = False  # ``_write_some`` is scheduled
         self._rng = rng or random.Random()
         m = metrics
@@ -129,6 +112,9 @@ class RoomHub:
             users = self._users.setdefault(room, {})
             users[client.user] = users.get(client.user, 0) + 1
         first = self.members.add(room, client)
+        ring = self._rings.get(room)
+        if ring is not None:
+            ring.joined(client.id)
         self._gauges()
         return first
 
@@ -136,6 +122,8 @@ class RoomHub:
         """Remove ``client`` from ``room``; True if that emptied the room here."""
         if client.rooms is not None and room in client.rooms:
             self._user_left(room, client.user)
+            if (ring := self._rings.get(room)) is not None:
+                ring.left(client.id)
         emptied = self.members.remove(room, client)
         if emptied:
             self._forget(room)
@@ -147,6 +135,8 @@ class RoomHub:
         left, emptied = self.members.remove_all(client)
         for room in left:
             self._user_left(room, client.user)
+            if (ring := self._rings.get(room)) is not None:
+                ring.left(client.id)
         for room in emptied:
             self._forget(room)
         if left:
@@ -185,6 +175,7 @@ class RoomHub:
         self._caps.pop(room, None)
         self._last_flush.pop(room, None)
         self._next.pop(room, None)
+        self._rings.pop(room, None)
 
     def _gauges(self) -> None:
         self.metrics.rooms.set(len(self.members))
@@ -216,10 +207,6 @@ class RoomHub:
         win.epochs.append(epoch)
 
     def _flush(self, room: str) -> None:
-        job = self._jobs.get(room)
-        if job is not None:  # the last frame is still being written: this window grows
-            job.again = True
-            return
         win = self._pending.pop(room)
         members = self.members.get(room)
         if not members:
@@ -227,47 +214,53 @@ class RoomHub:
             return
         loop = asyncio.get_running_loop()
         self._last_flush[room] = loop.time()
-        now_m = time.monotonic()
-        self._m_window.observe(now_m - win.since)
+        now = time.monotonic()
+        self._m_window.observe(now - win.since)
         started = time.perf_counter()
         runs = self._in_order(room, win)
         if room in self._pending:  # a gap: the rest waits for it
             loop.call_later(self.limits.reorder_s, self._flush, room)
-        now = time.monotonic()
         wires: list[bytes] = []
         frags = 0
         for epoch, run, prios in runs:
             frags += self._frames(room, epoch, run, prios, now, wires)
         if wires:
-            chunk = self.limits.write_chunk
-            if len(members) <= chunk:
+            ring = self._rings.get(room)
+            if ring is not None:  # being written: the cursor takes it on its way
+                ring.add(wires, frags, now)
+            elif len(members) <= self.limits.write_chunk:
                 self._write(members.values(), wires, frags)
-                self._m_write.observe(time.monotonic() - now_m)
+                self._m_write.observe(time.monotonic() - now)
             else:
-                job = self._jobs[room] = _Job(wires, frags, list(members.values()), now_m)
-                self._write(job.clients[:chunk], wires, frags)
-                job.next = chunk
-                if not self._writing:
-                    self._writing = True
-                    loop.call_soon(self._write_some)
+                self._rings[room] = first_pass(list(members.values()), wires, frags)
+                self._step(room)  # the first chunk in this turn
         self._m_flush.observe(time.perf_counter() - started)
 
     def _write_some(self) -> None:
-        """The next chunk of every big room's frames (one loop turn)."""
+        """The next chunk of every big room's members (one loop turn)."""
         self._writing = False
-        chunk = self.limits.write_chunk
-        for room, job in list(self._jobs.items()):
-            end = job.next + chunk
-            self._write(job.clients[job.next:end], job.wires, job.frags)
-            job.next = end
-            if end >= len(job.clients):
-                del self._jobs[room]
-                self._m_write.observe(time.monotonic() - job.started)
-                if job.again and room in self._pending:
-                    self._flush(room)  # may start the room's next job
-        if self._jobs and not self._writing:
+        for room in list(self._rings):
+            self._step(room)
+
+    def _step(self, room: str) -> None:
+        ring = self._rings[room]
+        writes, delivered, done = ring.step(self.limits.write_chunk, self._write_group)
+        self._m_writes.inc(writes)
+        self._m_delivered.inc(delivered)
+        if done:
+            for took in ring.end_pass(time.monotonic()):
+                self._m_write.observe(took)
+            members = self.members.get(room)
+            if not members or not ring.new_pass(list(members.values())):
+                del self._rings[room]
+                return
+        if not self._writing:
             self._writing = True
             asyncio.get_running_loop().call_soon(self._write_some)
+
+    def _write_group(self, clients: Sequence[Client], wires: list[bytes], frags: int) -> int:
+        return self.hub.writer.write_each(clients, wires, self.limits.buffer_max,
+                                          skipped=self._m_skipped)
 
     def _write(self, clients: Iterable[Client], wires: list[bytes], frags: int) -> None:
         written = self.hub.writer.write_each(clients, wires, self.limits.buffer_max,

@@ -29,15 +29,18 @@ class FakeTransport:
     def __init__(self, buffered: int = 0) -> None:
         self.buffered = buffered
         self.out: list[bytes] = []
+        self.calls = 0  # write and writelines calls
         self.aborted = False
 
     def get_write_buffer_size(self) -> int:
         return self.buffered
 
     def write(self, data: bytes) -> None:
+        self.calls += 1
         self.out.append(data)
 
     def writelines(self, data: list[bytes]) -> None:
+        self.calls += 1
         self.out.extend(data)
 
     def abort(self) -> None:

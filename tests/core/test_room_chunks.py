@@ -1,6 +1,6 @@
-"""gateway.rooms: a room bigger than ``write_chunk`` is written a chunk of sockets
-per loop turn; its next frame waits for the last one to reach every member and
-carries what arrived meanwhile (no server: fake sockets)."""
+"""gateway.rooms / gateway.room_ring: a room bigger than ``write_chunk`` is
+written by a cursor, a chunk of members per loop turn; each member gets every
+frame it lacks in one write, in order (no server: fake sockets)."""
 
 from __future__ import annotations
 
@@ -61,29 +61,46 @@ async def test_a_small_room_is_written_at_once():
     assert written(clients) == 4
 
 
-async def test_the_next_frame_waits_for_the_last_and_gathers_what_came_meanwhile():
+async def test_frames_added_mid_pass_reach_everyone_in_order_with_fewer_writes():
     m, rooms, clients = rig(members=9, chunk=3)
     put(rooms, 1)
-    await asyncio.sleep(0)  # frame [1] to the first chunk
-    put(rooms, 2)
+    await asyncio.sleep(0)  # [1] to members 0-2
+    put(rooms, 2)  # flushed in the next turn, after that turn's chunk (members 3-5)
     await asyncio.sleep(0)
-    put(rooms, 3)  # both come while [1] is still being written
-    assert await until(lambda: all(len(frames_of(c)) == 2 for c in clients), timeout=5,
+    put(rooms, 3)
+    assert await until(lambda: all(len(frames_of(c)) == 3 for c in clients), timeout=5,
                        every=0.001)
-    # Every member: [1] first, then one frame with the two that waited, in order.
-    assert all(frames_of(c) == [[1], [2, 3]] for c in clients)
-    assert metric(m, "im_room_frames_total") == 2
+    await asyncio.sleep(0.01)  # the ring's last passes: nothing more goes out
+    assert all(frames_of(c) == [[1], [2], [3]] for c in clients)
+    # A member gets what it lacks in one write per pass: 2 writes each for 3 frames.
+    assert [tr(c).calls for c in clients] == [2] * 9
+    assert metric(m, "im_room_frames_total") == 3
+    assert metric(m, "im_room_writes_total") == 27
     assert metric(m, "im_room_deliveries_total") == 27
 
 
-async def test_a_member_gone_mid_write_is_skipped_and_the_rest_still_get_it():
+async def test_a_member_joining_mid_ring_gets_only_what_follows():
     _, rooms, clients = rig(members=6, chunk=2)
     put(rooms, 1)
     await asyncio.sleep(0)
-    gone = clients[5]
+    late = make_client("late")
+    rooms.join(late, "r")
+    put(rooms, 2)
+    assert await until(lambda: all(len(frames_of(c)) == 2 for c in clients), timeout=5,
+                       every=0.001)
+    assert await until(lambda: frames_of(late) == [[2]], timeout=5, every=0.001)
+
+
+async def test_a_member_that_leaves_mid_pass_is_written_nothing_more():
+    _, rooms, clients = rig(members=6, chunk=2)
+    put(rooms, 1)
+    await asyncio.sleep(0)
+    gone = clients[5]  # still in the pass's snapshot, its socket still open
     rooms.leave(gone, "r")
-    gone.ws.protocol.state = type(gone.ws.protocol.state).CLOSED  # its socket closed
-    assert await until(lambda: written(clients[:5]) == 5, timeout=5, every=0.001)
+    put(rooms, 2)
+    assert await until(lambda: all(len(frames_of(c)) == 2 for c in clients[:5]), timeout=5,
+                       every=0.001)
+    await asyncio.sleep(0.01)
     assert frames_of(gone) == []
 
 
