@@ -1,18 +1,38 @@
+# The gateway image: locked dependencies in a layer of their own, then the code.
+# A code change rebuilds from step 2 on; only a change of requirements.lock
+# (bash scripts/lock.sh) reinstalls the dependencies. .dockerignore lets in
+# only what is copied here (never deploy/secrets, deploy/tls or .env).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin app
 
 WORKDIR /app
 
-# .dockerignore keeps the venv, caches, tests and local data out of the context.
-COPY . .
-RUN pip install --no-cache-dir . \
-    && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin app
+# 1. The dependencies, exactly as locked (hashes checked), the build backend included.
+COPY requirements.lock ./
+RUN pip install --require-hashes -r requirements.lock
+
+# 2. The code: no dependency resolution, no build backend fetched (both locked above).
+COPY pyproject.toml README.md ./
+COPY core ./core
+COPY gateway ./gateway
+COPY router ./router
+COPY store ./store
+RUN pip install --no-deps --no-build-isolation . \
+    && pip check \
+    && rm -rf build ./*.egg-info
+
+# Secrets from /run/secrets into the IM_* settings, then `python -m gateway ARGS`.
+COPY deploy/gateway-entrypoint.py /usr/local/bin/imgate-entrypoint
 
 USER app
 
-EXPOSE 8080 8081
+EXPOSE 8080 8081 9464
 
-CMD ["python", "-m", "gateway", "serve"]
+ENTRYPOINT ["python", "/usr/local/bin/imgate-entrypoint"]
+CMD ["serve"]

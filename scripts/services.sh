@@ -111,7 +111,7 @@ ensure_mongo() {
     elif command -v secantusd-py >/dev/null 2>&1; then
         bin="$(command -v secantusd-py)"
     else
-        die "secantusd-py not found in .venv/bin or PATH (run scripts/setup.sh, which installs '.[test]')"
+        die "secantusd-py not found in .venv/bin or PATH (run scripts/setup.sh, which installs requirements-dev.lock)"
     fi
     data="${IM_MONGO_DATA:-$(mktemp -d /tmp/secantus.XXXXXX)}"
     mkdir -p "$data"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Create/refresh the project venv (.venv), install the project with its test
-# extra, then make sure the local servers (Redis, RabbitMQ, Mongo-compatible)
-# are up via scripts/services.sh. Safe to run repeatedly, from any cwd.
+# Create/refresh the project venv (.venv), install the locked dependencies
+# (requirements-dev.lock: runtime + test extra + the SDK's; bash scripts/lock.sh
+# regenerates it) and the project on top without resolving anything, then make
+# sure the local servers (Redis, RabbitMQ, Mongo-compatible) are up via
+# scripts/services.sh. Safe to run repeatedly, from any cwd.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,11 +22,19 @@ if [[ ! -x .venv/bin/python ]]; then
     fi
 fi
 
-echo "setup: installing project into .venv"
+echo "setup: installing the locked dependencies and the project into .venv"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
-# The Python client SDK, its own package: tests, bench and loadtest use it.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e clients/python
+# Exactly the locked set (hashes checked), the build backend included; then the
+# project and the Python client SDK (its own package: tests, bench and loadtest
+# use it) with no resolution and no build dependency fetched.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes \
+    -r requirements-dev.lock
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+    --no-build-isolation -e . -e clients/python
+.venv/bin/python -m pip check
+
+# Docker Compose v2 for `docker compose config` (tests/deploy; no engine needed).
+bash scripts/compose_cli.sh
 
 # The demo's browser test (tests/browser): Debian's chromium (no browser
 # download) driven by playwright-core from npm.
