@@ -46,6 +46,7 @@ All traffic goes to 127.0.0.1; every phase is bounded in time.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from typing import Any
 
@@ -158,6 +159,36 @@ async def latency_phase(load: Load, args: argparse.Namespace, rate: float,
     return result
 
 
+# -- 5. the store alone, paced -------------------------------------------------------
+async def store_paced_phase(mongo_url: str, db_name: str, rate: float, batches: list[int],
+                            seconds: float) -> list[dict[str, Any]]:
+    """What the node's Mongo stage writes per batch (bodies, then box entries), one
+    batch at a time, paced at ``rate`` msgs/s, for each batch size: per-batch latency.
+    The floor of the node's ack latency at that rate (``bench.store_probe``'s method)."""
+    client = raw_client(mongo_url)
+    db = client[db_name]
+    out: list[dict[str, Any]] = []
+    try:
+        for batch in batches:
+            await fresh_collections(db, indexes=True)
+            lat: list[float] = []
+            mid, end = 1 << 41, time.perf_counter() + max(seconds, 4.0)
+            while time.perf_counter() < end:
+                bodies, boxes = message_docs(mid, batch, 50)
+                mid += batch
+                t = time.perf_counter()
+                await db.messages.insert_many(bodies, ordered=False)
+                await db.boxes.insert_many(boxes, ordered=False)
+                lat.append(time.perf_counter() - t)
+                await asyncio.sleep(max(0.0, batch / rate - (time.perf_counter() - t)))
+            out.append({"batch": batch, "rate": round(rate, 1),
+                        "latency": common.latency_summary(lat, (50, 95, 99))})
+    finally:
+        await client.drop_database(db_name)
+        await client.close()
+    return out
+
+
 # -- 4. report -----------------------------------------------------------------------
 def _raw_lines(raw: dict[str, Any]) -> list[str]:
     rows = []
@@ -186,6 +217,13 @@ def render(res: dict[str, Any]) -> str:
     lines += load_section("2. Saturation (closed loop)", res["saturation"])
     lines += profile_section(res["saturation"].get("profile"))
     lines += load_section("3. Fixed-rate latency (open loop)", res["latency"])
+    if res.get("store_paced"):
+        lines += [f"## 5. The store alone, paced at {fmt(res['latency']['target_per_s'])} "
+                  f"msgs/s (the node's mean Mongo batch in the latency run: "
+                  f"{fmt(res['store_paced_mean_batch'])})", ""]
+        lines += md_table(["B", "per-batch latency p50 / p95 / p99 / max (ms)"],
+                          [[x["batch"], report.lat(x["latency"], "p50 p95 p99 max")]
+                           for x in res["store_paced"]]) + [""]
     lines += ["## 4. Summary", ""] + md_table(["figure", "value"], _summary_rows(res))
     return "\n".join(lines + ([f"Node log: `{res['node']['log']}`"]
                               if res["node"].get("log") else []))
@@ -216,7 +254,13 @@ def _summary_rows(res: dict[str, Any]) -> list[list[Any]]:
 # -- main ------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = cli.new_parser("bench.chat_bench", __doc__, cli.LOAD)
-    p.add_argument("--rate", type=float, help="latency phase msgs/s (default: saturation/2)")
+    p.add_argument("--rate", type=float, help="latency phase msgs/s (default: saturation "
+                   "x --rate-fraction)")
+    p.add_argument("--rate-fraction", type=float, default=0.5,
+                   help="latency phase rate as a fraction of saturation (issue 17: 0.333)")
+    p.add_argument("--store-paced", action="store_true",
+                   help="5. the store alone, paced at the latency run's rate in the node's "
+                   "mean Mongo batch size (and B=1, and twice it): its own p99 to compare")
     p.add_argument("--skip-raw", action="store_true", help="leave out the raw store phase")
     p.add_argument("--node-url", help="ws://127.0.0.1:PORT/ws of a running node (needs --secret)")
     p.add_argument("--secret", help="that node's IM_AUTH_SECRET")
@@ -235,11 +279,18 @@ async def _gateway_phases(args: argparse.Namespace, res: dict[str, Any], secret:
     load = await open_load([url], args.secret or secret, args.pairs, res["namespace"])
     try:
         res["saturation"] = await saturation_phase(load, args, nodes)
-        rate = args.rate or max(1.0, res["saturation"]["acks_per_s"] / 2)
+        rate = args.rate or max(1.0, res["saturation"]["acks_per_s"] * args.rate_fraction)
         res["latency"] = await latency_phase(load, args, rate, nodes)
     finally:
         res["load_other_frames"] = dict(load.other)
         await load.close()
+    if args.store_paced:
+        nm = res["latency"]["cpu"].get("node_metrics") or {}
+        mean_b = nm.get("mean_batch_size", {}).get("mongo", 1.0)
+        res["store_paced"] = await store_paced_phase(
+            args.mongo_url, f"{res['namespace']}_paced", rate,
+            sorted({1, max(1, round(mean_b)), max(1, round(2 * mean_b))}), args.duration)
+        res["store_paced_mean_batch"] = mean_b
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
