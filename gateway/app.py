@@ -131,7 +131,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     room_hub = RoomHub(hub, metrics, RoomLimits(
         window_s=s.room_window_ms / 1000, rate_cap=s.room_rate_cap, frame_max=s.max_frame,
         buffer_max=s.room_buffer_max, pending_max=s.room_pending_max,
-        reorder_s=s.room_reorder_ms / 1000, write_chunk=s.room_write_chunk))
+        reorder_s=s.room_reorder_ms / 1000, write_chunk=s.room_write_chunk,
+        write_at_once=s.room_write_at_once))
     group_hub = GroupHub(hub)
     broker = make_broker(s.broker, s.amqp_url, s.namespace)
     bindings = Bindings(broker, metrics, s.room_unbind_delay_s, int(60 / s.room_report_s))

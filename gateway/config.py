@@ -70,6 +70,7 @@ class Settings:
     room_history: int = 100  # messages kept per room for join history and recovery; 0: off
     room_history_ttl_s: float = 300.0  # ...kept at most this long
     room_reorder_ms: float = 50.0  # a gap in a room's positions is waited for this long
+    room_write_at_once: int = 1000  # rooms up to this many members here: written at once
     room_write_chunk: int = 100  # a bigger room is written this many members per loop turn
     room_rate_cap: float = 50.0  # room messages/s delivered to each member; 0: no cap
     room_buffer_max: int = 262_144  # bytes queued on a socket before room frames skip it
@@ -163,7 +164,7 @@ class Settings:
                      "feed_timeline_max", "feed_text_max", "feed_queue_max",
                      "events_pending_max", "presence_grace_s", "recall_window_s",
                      "presence_subs_max", "room_history_ttl_s", "room_reorder_ms",
-                     "room_write_chunk"):
+                     "room_write_chunk", "room_write_at_once"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s", "room_history",

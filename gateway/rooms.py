@@ -12,12 +12,12 @@ frame(s) and their WebSocket wire bytes once, and hands the same bytes for
 every member to the node's ``SocketWriter`` (no await; a member whose write
 buffer is over the bound misses the frame, counted, and is noted as stuck).
 
-A room with more local members than ``write_chunk`` is written by a cursor,
-a chunk of members per loop turn (``gateway.room_ring``): one big room's
-frame never holds the loop for the whole write (10,000 loopback writes take
-~90 ms here), each member gets one write per pass with every frame it lacks,
-and a message waits at most one pass. Rooms at or below ``write_chunk``
-members are written at once.
+A room with more local members than ``write_at_once`` is written by a
+cursor, ``write_chunk`` members per loop turn (``gateway.room_ring``): one big
+room's frame never holds the loop for the whole write (10,000 loopback writes
+take ~90 ms here), each member gets one write per pass with every frame it
+lacks, and a message waits at most one pass. Smaller rooms are written at
+once, as before.
 
 Positioned messages (``pos`` and ``epoch``, rooms v2) leave in position
 order: a flush sorts its window, and when positions are missing between the
@@ -52,7 +52,8 @@ class RoomLimits:
     buffer_max: int = 262_144  # socket write buffer past which room frames skip a member
     pending_max: int = 10_000  # messages queued per room per window; more are dropped
     reorder_s: float = 0.05  # a gap in a room's positions is waited for this long
-    write_chunk: int = 100  # members of a big room written per loop turn
+    write_at_once: int = 1000  # rooms up to this many local members are written at once
+    write_chunk: int = 100  # members of a bigger room written per loop turn
 
 
 class _Window:
@@ -228,7 +229,7 @@ class RoomHub:
             ring = self._rings.get(room)
             if ring is not None:  # being written: the cursor takes it on its way
                 ring.add(wires, frags, now)
-            elif len(members) <= self.limits.write_chunk:
+            elif len(members) <= self.limits.write_at_once:
                 self._write(members.values(), wires, frags)
                 self._m_write.observe(time.monotonic() - now)
             else:

@@ -18,7 +18,7 @@ from tests.core.test_connections import make_client, metric, parse, tr
 def rig(members: int, chunk: int):
     m = NodeMetrics()
     rooms = RoomHub(Hub(m, 1 << 20), m, RoomLimits(window_s=0.0, rate_cap=0,
-                                                    write_chunk=chunk))
+                                                    write_chunk=chunk, write_at_once=chunk))
     clients = [make_client(f"u{i}") for i in range(members)]
     for c in clients:
         rooms.join(c, "r")
@@ -106,7 +106,8 @@ async def test_a_member_that_leaves_mid_pass_is_written_nothing_more():
 
 async def test_two_big_rooms_progress_in_the_same_turns():
     m = NodeMetrics()
-    rooms = RoomHub(Hub(m, 1 << 20), m, RoomLimits(window_s=0.0, rate_cap=0, write_chunk=2))
+    rooms = RoomHub(Hub(m, 1 << 20), m, RoomLimits(window_s=0.0, rate_cap=0, write_chunk=2,
+                                                    write_at_once=2))
     a = [make_client(f"a{i}") for i in range(4)]
     b = [make_client(f"b{i}") for i in range(4)]
     for c in a:
@@ -119,3 +120,15 @@ async def test_two_big_rooms_progress_in_the_same_turns():
     assert (written(a), written(b)) == (2, 2)
     await asyncio.sleep(0)
     assert (written(a), written(b)) == (4, 4)
+
+
+async def test_a_room_up_to_write_at_once_is_written_in_one_go_whatever_the_chunk():
+    m = NodeMetrics()
+    rooms = RoomHub(Hub(m, 1 << 20), m, RoomLimits(window_s=0.0, rate_cap=0, write_chunk=2,
+                                                    write_at_once=6))
+    clients = [make_client(f"u{i}") for i in range(6)]
+    for c in clients:
+        rooms.join(c, "r")
+    put(rooms, 1)
+    await asyncio.sleep(0)
+    assert written(clients) == 6
