@@ -7,7 +7,8 @@ against a bare ``websockets`` broadcast server and python-socketio, same client.
 It starts every server and client itself (our nodes use the local Redis, RabbitMQ
 and MongoDB-compatible server), uses 127.0.0.1 only, bounds every wait, and stops
 and cleans up everything. Phases, each on fresh servers and subscriber processes
-(``bench/room_client.py``; the publisher is this process): ``ours`` (one node),
+(``bench/room_client.py``, or with ``--client-impl c`` its C twin
+``bench/room_client_c.py`` for ours and ws; the publisher is this process): ``ours`` (one node),
 ``ws`` and ``sio`` (``bench/room_baselines.py``), each **throughput** then
 **paced**; then ``ours-3``: three nodes, ``--subscribers`` on each, publisher on
 node 0, throughput.
@@ -92,14 +93,17 @@ class Bench:
     async def start_clients(self, server: Server, total: int) -> list[common.Child]:
         a, procs = self.args, []
         per = math.ceil(total / a.client_procs)
+        module = "bench.room_client" + ("_c" if client_impl(a, server.kind) == "c" else "")
         try:
             for i, first in enumerate(range(0, total, per)):
                 procs.append(await common.Child.spawn(
-                    self.log_path(f"{server.label}-client{i}"), "bench.room_client", "--kind",
+                    self.log_path(f"{server.label}-client{i}"), module, "--kind",
                     server.kind, "--urls", ",".join(server.urls), "--first", str(first),
                     "--count", str(min(per, total - first)), "--tag", server.label.replace(
                         "-", ""), "--sample-every", str(a.sample_every), "--max-seconds",
-                    str(int(a.max_child_s)), ROOM_BENCH_SECRET=self.run.secret))
+                    str(int(a.max_child_s)), *(["--poll-us", str(a.client_poll_us)]
+                                               if module.endswith("_c") else []),
+                    ROOM_BENCH_SECRET=self.run.secret))
                 server.pids[procs[-1].pid] = f"subscribers {i} ({server.label})"
             for c in procs:
                 ready = await c.ask(None, 60 + total / 20)
@@ -132,7 +136,7 @@ class Bench:
             stack.callback(conn.abort)
             r = await self.measure(server, clients, rc.Publisher(conn), mode, subs)
         return {"server": label, "kind": server.kind, "mode": mode, "nodes": len(server.urls),
-                "subscribers": subs, **r}
+                "subscribers": subs, "client_impl": client_impl(self.args, server.kind), **r}
 
     async def measure(self, server: Server, clients: list[common.Child], pub: rc.Publisher,
                       mode: str, subs: int) -> dict[str, Any]:
@@ -203,6 +207,11 @@ class Bench:
             await asyncio.sleep(0.25)
 
 
+def client_impl(args: argparse.Namespace, kind: str) -> str:
+    """The subscriber processes' implementation for server ``kind``: sio keeps Python's."""
+    return "py" if kind == "sio" else args.client_impl
+
+
 def cores_by_role(cpu: dict[str, Any], pids: dict[int, str]) -> dict[str, Any]:
     """Cores of the server(s), subscriber processes, publisher, and everything else."""
     by = {int(k): v for k, v in cpu["by_pid"].items()}
@@ -270,6 +279,9 @@ def notes(res: dict[str, Any]) -> list[str]:
                        f"{r['unacked']}, publisher stuck {r['publisher_stuck']}; errors / "
                        f"client saw {odd or '-'}; node counters {node or '-'}")
     out += node_lines(res["nodes"], trouble_only=True)
+    out.append(f"- subscriber processes: --client-impl {res['settings'].get('client_impl', 'py')}"
+               f", --client-poll-us {res['settings'].get('client_poll_us', 0)}"
+               " (the same client for every server measured here)")
     return out + [f"- {p['what']} exit {p['exit_code']}, stderr: {p['stderr'][-300:]!r}"
                   for p in res["logs"] if p["exit_code"] or p["stderr"].strip()]
 
@@ -278,9 +290,12 @@ def render(res: dict[str, Any]) -> str:
     s, v = res["settings"], res["versions"]
     lines = header_lines("Room fan-out benchmark", res, "; servers, subscriber processes, "
                          "the publisher, Redis, RabbitMQ and the store share these CPUs")
+    impl = s.get("client_impl", "py")
     lines += [f"- one room; {s['subscribers']} subscribers per node in {s['client_procs']} "
-              "processes (bench/room_client.py); 1 publisher (the benchmark process); body "
-              f"~100 B of JSON; uvloop everywhere, no compression; latency: every message of "
+              + ("processes in C (--client-impl c: bench/room_client_c.py, epoll)" if impl == "c"
+                 else "processes in Python (--client-impl py: bench/room_client.py, uvloop)")
+              + "; 1 publisher (the benchmark process); body ~100 B of JSON; uvloop in every "
+              "Python process, no compression; latency: every message of "
               f"1 in {s['sample_every']} subscribers",
               f"- throughput: {s['window']} un-acked sends (acked by ours after the broker's "
               "confirm, by ws once broadcast() returned, by sio once emit() returned), "
@@ -327,6 +342,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the one-node phases to run: a subset of throughput,paced")
     p.add_argument("--sio-mode", choices=("aiohttp", "asgi"), default="aiohttp",
                    help="python-socketio on aiohttp (default), or its ASGI app on uvicorn")
+    p.add_argument("--client-impl", choices=("py", "c"), default="py",
+                   help="subscriber processes: bench.room_client (Python) or bench.room_client_c "
+                   "(C, epoll; ours and ws only)")
+    p.add_argument("--client-poll-us", type=int, default=0,
+                   help="C subscribers: poll epoll every N us instead of sleeping in it (no "
+                   "wake-up for the server's writes to pay; up to N us more latency); 0: sleep")
     p.add_argument("--quick", action="store_true",
                    help="100 subscribers, 3 s phases, 1 s warm-up, 5 s drain")
     args = cli.parse(p, argv)
@@ -340,6 +361,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if set(args.servers) - {"ours", "ws", "sio"} or min(
             args.subscribers, args.window, args.client_procs, args.sample_every) < 1:
         p.error("--servers is a subset of ours,ws,sio; counts must be >= 1")
+    if args.client_impl == "c" and "sio" in args.servers:
+        p.error("--client-impl c speaks ours and ws only: leave sio out of --servers "
+                "(e.g. --servers ours,ws), or use --client-impl py")
     args.max_child_s = 900 + 3 * (args.seconds + args.paced_seconds + args.drain)
     common.raise_fd_limit()
     return args
@@ -349,7 +373,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from importlib.metadata import version
     b = Bench(args)
     res: dict[str, Any] = {
-        "phases": [], "nodes": b.run.nodes, "logs": b.logs, "namespaces": b.run.namespaces,
+        "phases": [], "client_impl": args.client_impl, "nodes": b.run.nodes, "logs": b.logs,
+        "namespaces": b.run.namespaces,
         "versions": {"websockets": version("websockets"), "socketio": version("python-socketio")}}
     plan: list[tuple[str, str, Any]] = []
     for name in args.servers:
