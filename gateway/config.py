@@ -66,6 +66,7 @@ class Settings:
     feed_timeline_max: int = 800  # timeline entries kept per user
     feed_text_max: int = 2000  # characters of a post
     feed_queue_max: int = 10_000  # posts waiting for fan-out before posting waits
+    listen_backlog: int = 4096  # the WebSocket listener's accept queue (asyncio's default: 100)
     room_window_ms: float = 25.0  # a room's messages are coalesced over this window
     room_history: int = 100  # messages kept per room for join history and recovery; 0: off
     room_history_ttl_s: float = 300.0  # ...kept at most this long
@@ -164,7 +165,7 @@ class Settings:
                      "feed_timeline_max", "feed_text_max", "feed_queue_max",
                      "events_pending_max", "presence_grace_s", "recall_window_s",
                      "presence_subs_max", "room_history_ttl_s", "room_reorder_ms",
-                     "room_write_chunk", "room_write_at_once"):
+                     "room_write_chunk", "room_write_at_once", "listen_backlog"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s", "room_history",

@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.tasks import stop
+
 __all__ = ["EventSources", "Events", "preview"]
 
 log = logging.getLogger("gateway.events")
@@ -151,10 +153,8 @@ class Events:
         self._resumed.set()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task, self._task = self._task, None
+        await stop(task)  # a cancel lost in redis-py's wait_for is asked again
 
     async def _run(self) -> None:
         delay = 0.2

@@ -155,7 +155,7 @@ class Node:
             app.sessions.handle, s.host, s.ws_port,
             process_request=app.sessions.process_request,
             max_size=s.max_frame, compression=None, ping_interval=20, ping_timeout=20,
-            close_timeout=2,
+            close_timeout=2, backlog=s.listen_backlog,
         )
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
         sock = socket.create_server((s.host, s.http_port), reuse_port=False)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from core.errors import Unavailable
+from gateway.tasks import stop
 from store.ports import PresenceStore, RouteStore
 
 __all__ = ["PresenceQuery", "PresenceWatch"]
@@ -86,10 +87,8 @@ class PresenceWatch:
             self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task, self._task = self._task, None
+        await stop(task)  # a cancel lost in redis-py's wait_for is asked again
 
     async def _run(self) -> None:
         while True:
