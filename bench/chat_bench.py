@@ -164,7 +164,7 @@ async def store_paced_phase(mongo_url: str, db_name: str, rate: float, batches: 
                             seconds: float) -> list[dict[str, Any]]:
     """What the node's Mongo stage writes per batch (bodies, then box entries), one
     batch at a time, paced at ``rate`` msgs/s, for each batch size: per-batch latency.
-    The floor of the node's ack latency at that rate (``bench.store_probe``'s method)."""
+    The floor of the node's ack latency at that rate (``bench.store_probe`` runs it alone)."""
     client = raw_client(mongo_url)
     db = client[db_name]
     out: list[dict[str, Any]] = []
@@ -172,7 +172,7 @@ async def store_paced_phase(mongo_url: str, db_name: str, rate: float, batches: 
         for batch in batches:
             await fresh_collections(db, indexes=True)
             lat: list[float] = []
-            mid, end = 1 << 41, time.perf_counter() + max(seconds, 4.0)
+            mid, end = 1 << 41, time.perf_counter() + seconds
             while time.perf_counter() < end:
                 bodies, boxes = message_docs(mid, batch, 50)
                 mid += batch
@@ -289,7 +289,8 @@ async def _gateway_phases(args: argparse.Namespace, res: dict[str, Any], secret:
         mean_b = nm.get("mean_batch_size", {}).get("mongo", 1.0)
         res["store_paced"] = await store_paced_phase(
             args.mongo_url, f"{res['namespace']}_paced", rate,
-            sorted({1, max(1, round(mean_b)), max(1, round(2 * mean_b))}), args.duration)
+            sorted({1, max(1, round(mean_b)), max(1, round(2 * mean_b))}),
+            max(args.duration, 4.0))
         res["store_paced_mean_batch"] = mean_b
 
 

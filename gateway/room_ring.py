@@ -88,9 +88,10 @@ class RoomRing:
         for last, members in groups.items():
             i = max(last + 1, base) - base
             wires = [w for frame in self.frames[i:] for w in frame]
-            took = write(members, wires, sum(self.frags[i:]))
+            msgs = sum(self.frags[i:])
+            took = write(members, wires, msgs)
             writes += took * len(wires)
-            delivered += took * sum(self.frags[i:])
+            delivered += took * msgs
         self.next = end
         return writes, delivered, end >= len(self.clients)
 
