@@ -9,7 +9,7 @@ RabbitMQ / MongoDB-compatible server, and cleans up after itself)::
 The load is ``bench.chat_bench``'s (``bench.load``: P sender->receiver pairs on
 one node) with one difference: the receivers never connect, so every message
 is stored for a user with no device, and the node queues an ``offline.msg``
-event for each (``gateway.session.push_sent``; deliveries are 0 by design).
+event for each (``gateway.ws.session.push_sent``; deliveries are 0 by design).
 Two configurations of the node are compared, each run on a freshly started
 node in a fresh namespace:
 

@@ -35,7 +35,7 @@ import redis.asyncio as aioredis
 from bench import cli, common
 from bench.cluster import Run
 from bench.report import fmt, header_lines, lat, md_table, node_lines
-from router.timeline_fanout import FANOUT_CHUNK
+from gateway.feed.fanout import FANOUT_CHUNK
 from store.counters_redis import CountersRedis
 from store.feed_mongo import FEED_INDEXES, tl_id
 from store.feed_redis import FeedCacheRedis

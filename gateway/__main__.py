@@ -1,5 +1,5 @@
 """``python -m gateway serve`` runs a node; ``python -m gateway token USER`` prints a token;
-``python -m gateway events --webhook URL`` relays events to a webhook (``router.webhook``)."""
+``python -m gateway events --webhook URL`` relays events to a webhook (``relay.webhook``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from gateway.auth import SecretError, issue_token, with_secret
 from gateway.config import ConfigError, Settings
 from gateway.node import Node, StartupError
-from router import webhook
+from relay import webhook
 
 
 def main(argv: list[str] | None = None) -> int:

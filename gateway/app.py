@@ -23,34 +23,34 @@ from fastapi import FastAPI
 from core.ids import MidGenerator
 from gateway.auth import TokenVerifier
 from gateway.bindings import Bindings
-from gateway.chat import ChatService
-from gateway.claims import Claims
+from gateway.chat.claims import Claims
+from gateway.chat.conversations import Conversations
+from gateway.chat.ops import MessageOps
+from gateway.chat.service import ChatService
 from gateway.config import Settings
-from gateway.conversations import Conversations
 from gateway.events import Events
-from gateway.feed import FeedService, feed_frame
-from gateway.group_admin import GroupAdmin
-from gateway.group_presence import GroupPresence
-from gateway.grouphub import GroupHub
-from gateway.groups import GroupService
-from gateway.http_api import HttpDeps, build_http
-from gateway.http_guard import HttpLimits
+from gateway.feed.fanout import TimelineFanout
+from gateway.feed.service import FeedService, feed_frame
+from gateway.groups.admin import GroupAdmin
+from gateway.groups.diffusion import GroupDiffusion
+from gateway.groups.hub import GroupHub
+from gateway.groups.membership import GroupPresence
+from gateway.groups.service import GroupService
+from gateway.http.api import HttpDeps, build_http
+from gateway.http.guard import HttpLimits
+from gateway.http.server import ServerDeps
 from gateway.hub import Hub
-from gateway.live import LiveRooms
-from gateway.message_ops import MessageOps
 from gateway.metrics import NodeMetrics
 from gateway.moderation import Moderation
-from gateway.presence import PresenceQuery, PresenceWatch
-from gateway.presence_subs import PresenceSubs
+from gateway.presence.subs import PresenceSubs
+from gateway.presence.watch import PresenceQuery, PresenceWatch
 from gateway.protocol import encode
-from gateway.registry import Registry, Replay
-from gateway.rooms import RoomHub, RoomLimits
-from gateway.server_api import ServerDeps
-from gateway.session import Sessions
+from gateway.rooms.hub import RoomHub, RoomLimits
+from gateway.rooms.service import LiveRooms
+from gateway.ws.registry import Registry, Replay
+from gateway.ws.session import Sessions
 from router import Router, make_broker
-from router.group_fanout import GroupDiffusion
 from router.routing import parse_key
-from router.timeline_fanout import TimelineFanout
 from store import Stores
 from store.ports import GroupCache, RouteStore
 

@@ -42,7 +42,7 @@ class Bindings:
             return
         waiter = self._binding[key] = asyncio.get_running_loop().create_future()
         try:
-            await self.router.bind_room(key)
+            await self.router.bind_key(key)
             self.bound.add(key)
             self.ops += 1
             self.metrics.room_bind_ops.labels("bind").inc()
@@ -62,7 +62,7 @@ class Bindings:
             if in_use(key) or key not in self.bound:
                 continue
             self.bound.discard(key)
-            await self.router.unbind_room(key)
+            await self.router.unbind_key(key)
             self.ops += 1
             self.metrics.room_bind_ops.labels("unbind").inc()
 

@@ -6,7 +6,7 @@ product's own services (its offline-push service binds ``offline.#``).
   a 1:1 message and for a message of a write-diffusion group;
 - ``offline.group``: one per message of a read-diffusion group (the product
   knows its members; the gateway never walks a big group for it);
-- ``presence.online`` / ``presence.offline`` (``gateway.presence``).
+- ``presence.online`` / ``presence.offline`` (``gateway.presence.watch``).
 
 A send only queues an entry (never awaits, never fails): a bounded outbox
 (``IM_EVENTS_PENDING_MAX``) that one worker drains in order, a batch of
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from gateway.tasks import stop
+from core.tasks import stop
 
 __all__ = ["EventSources", "Events", "preview"]
 

@@ -25,8 +25,8 @@ from core.errors import Unavailable
 from gateway.app import App, Step, compose
 from gateway.config import Settings
 from gateway.frames import encode_group
-from gateway.http_api import build_metrics_http
-from gateway.http_guard import TimedH11Protocol
+from gateway.http.api import build_metrics_http
+from gateway.http.guard import TimedH11Protocol
 from gateway.metrics import NodeMetrics
 from gateway.protocol import encode
 from router.amqp_urls import mask_password
@@ -170,7 +170,7 @@ class Node:
             self._metrics_task = asyncio.create_task(self._metrics_http.serve(sockets=[msock]))
 
     def _http_server(self, asgi: ASGIApp) -> _HttpServer:
-        """uvicorn on h11 with header and body deadlines (``gateway.http_guard``)."""
+        """uvicorn on h11 with header and body deadlines (``gateway.http.guard``)."""
         s = self.settings
         protocol = TimedH11Protocol.with_deadlines(
             s.http_header_timeout_s, s.http_body_timeout_s,

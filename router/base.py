@@ -64,11 +64,11 @@ class PresenceDelivery(Protocol):
 class Binder(Protocol):
     """Binds this node's queue to a room's or group's routing key (``routing.py``)."""
 
-    async def bind_room(self, room: str) -> None:
-        """Receive ``room``'s envelopes from now on (kept across reconnects)."""
+    async def bind_key(self, key: str) -> None:
+        """Receive ``key``'s envelopes from now on (kept across reconnects)."""
         ...
 
-    async def unbind_room(self, room: str) -> None: ...
+    async def unbind_key(self, key: str) -> None: ...
 
 
 class Broker(Binder, Protocol):
@@ -81,8 +81,8 @@ class Broker(Binder, Protocol):
         """Raise ``BrokerUnavailable`` if the broker did not take it."""
         ...
 
-    async def publish_room(self, room: str, envelope: bytes) -> None:
-        """To every other node bound to ``room`` (never back to this one)."""
+    async def publish_key(self, key: str, envelope: bytes) -> None:
+        """To every other node bound to ``key`` (never back to this one)."""
         ...
 
     async def publish_event(self, key: str, body: bytes, event_id: str) -> None:

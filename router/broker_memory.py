@@ -15,7 +15,7 @@ class MemoryBroker:
 
     def __init__(self) -> None:
         self._nodes: dict[str, Callable[[bytes], None]] = {}
-        self._rooms: dict[str, set[str]] = {}  # room -> bound nodes
+        self._keys: dict[str, set[str]] = {}  # routing key -> bound nodes
         self.node = ""
         self.binds = 0
         self.unbinds = 0
@@ -43,25 +43,25 @@ class MemoryBroker:
         if handler is not None:
             handler(envelope)
 
-    async def publish_room(self, room: str, envelope: bytes) -> None:
-        for node in self._rooms.get(room, ()):
+    async def publish_key(self, key: str, envelope: bytes) -> None:
+        for node in self._keys.get(key, ()):
             handler = self._nodes.get(node)
             if node != self.node and handler is not None:
                 handler(envelope)
 
-    async def bind_room(self, room: str) -> None:
-        self._rooms.setdefault(room, set()).add(self.node)
+    async def bind_key(self, key: str) -> None:
+        self._keys.setdefault(key, set()).add(self.node)
         self.binds += 1
 
-    async def unbind_room(self, room: str) -> None:
-        nodes = self._rooms.get(room)
+    async def unbind_key(self, key: str) -> None:
+        nodes = self._keys.get(key)
         if nodes is not None:
             nodes.discard(self.node)
             if not nodes:
-                del self._rooms[room]
+                del self._keys[key]
         self.unbinds += 1
 
     async def close(self) -> None:
         self._nodes.pop(self.node, None)
-        for room in [r for r, nodes in self._rooms.items() if self.node in nodes]:
-            await self.unbind_room(room)
+        for key in [k for k, nodes in self._keys.items() if self.node in nodes]:
+            await self.unbind_key(key)

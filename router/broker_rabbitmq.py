@@ -194,7 +194,7 @@ class RabbitMQBroker:
         )
         await queue.consume(self._deliver, no_ack=True)
         await queue.bind(self._exchanges["node"], routing_key=self.node)
-        # Until nothing changed meanwhile: ``bind_room`` and ``unbind_room`` only
+        # Until nothing changed meanwhile: ``bind_key`` and ``unbind_key`` only
         # record while disconnected, and may run while this awaits.
         bound: set[tuple[str, str]] = set()
         while todo := (self._bindings - bound) | (bound - self._bindings):
@@ -280,8 +280,8 @@ class RabbitMQBroker:
     async def publish(self, node: str, envelope: bytes) -> None:
         await self._publish("node", node, envelope)
 
-    async def publish_room(self, room: str, envelope: bytes) -> None:
-        await self._publish("room", room, envelope)
+    async def publish_key(self, key: str, envelope: bytes) -> None:
+        await self._publish("room", key, envelope)
 
     async def publish_event(self, key: str, body: bytes, event_id: str) -> None:
         await self._publish("events", key, body, persistent=True, message_id=event_id)
@@ -303,17 +303,17 @@ class RabbitMQBroker:
         except (TimeoutError, AMQPError, OSError, RuntimeError) as exc:
             raise BrokerUnavailable(type(exc).__name__) from exc
 
-    # -- room bindings (recorded, so a reconnect replays them) ---------------
-    async def bind_room(self, room: str) -> None:
-        self._bindings.add(("room", room))
+    # -- key bindings (recorded, so a reconnect replays them) ---------------
+    async def bind_key(self, key: str) -> None:
+        self._bindings.add(("room", key))
         self.binds += 1
         if self._queue is not None and self.connected.is_set():
             with contextlib.suppress(AMQPError, OSError, RuntimeError):
-                await self._queue.bind(self._exchanges["room"], routing_key=room)
+                await self._queue.bind(self._exchanges["room"], routing_key=key)
 
-    async def unbind_room(self, room: str) -> None:
-        self._bindings.discard(("room", room))
+    async def unbind_key(self, key: str) -> None:
+        self._bindings.discard(("room", key))
         self.unbinds += 1
         if self._queue is not None and self.connected.is_set():
             with contextlib.suppress(AMQPError, OSError, RuntimeError):
-                await self._queue.unbind(self._exchanges["room"], routing_key=room)
+                await self._queue.unbind(self._exchanges["room"], routing_key=key)

@@ -75,8 +75,8 @@ class Router:
         self.on_resume = on_resume
         self.stats: dict[str, int] = defaultdict(int)
         self._records: dict[str, list[envelope.Record]] = defaultdict(list)
-        self._room_records: dict[str, list[envelope.Record]] = {}
-        self._room_waiters: dict[str, asyncio.Future[None]] = {}
+        self._key_records: dict[str, list[envelope.Record]] = {}
+        self._key_waiters: dict[str, asyncio.Future[None]] = {}
         self._flush_scheduled = False
         self._outq: asyncio.Queue[_Item] = asyncio.Queue(maxsize=outbox_max)
         self._failed: deque[_Item] = deque(maxlen=outbox_max)
@@ -158,14 +158,14 @@ class Router:
         delivers to its own local members itself.
         """
         key = room_key(room)
-        waiter = self._room_waiters.get(key)
+        waiter = self._key_waiters.get(key)
         if waiter is None:
-            waiter = self._room_waiters[key] = asyncio.get_running_loop().create_future()
-            self._room_records[key] = []
+            waiter = self._key_waiters[key] = asyncio.get_running_loop().create_future()
+            self._key_records[key] = []
         head: dict[str, Any] = {"r": room, "p": 1} if prio else {"r": room}
         if epoch is not None:  # positioned (rooms v2): receivers keep the order
             head["n"], head["e"] = pos, epoch
-        self._room_records[key].append((head, fragment))
+        self._key_records[key].append((head, fragment))
         self._schedule_flush()
         return waiter
 
@@ -198,9 +198,9 @@ class Router:
         behind it on every node (a group event before a membership change).
         Raises ``BrokerUnavailable``."""
         key = group_key(group)
-        waiter = self._room_waiters.get(key)
+        waiter = self._key_waiters.get(key)
         if waiter is None:
-            waiter = self._room_waiters[key] = asyncio.get_running_loop().create_future()
+            waiter = self._key_waiters[key] = asyncio.get_running_loop().create_future()
         self.publish_group(group, frame)
         await asyncio.shield(waiter)  # shared by the tick's callers: one's cancel is its own
 
@@ -215,7 +215,7 @@ class Router:
 
     def _to_key(self, key: str, head: dict[str, Any], frame: bytes) -> None:
         """One record for the nodes bound to ``key``, in the tick's envelope of it."""
-        self._room_records.setdefault(key, []).append((head, frame))
+        self._key_records.setdefault(key, []).append((head, frame))
         self._schedule_flush()
 
     async def tell(self, users: list[str], ctl: dict[str, Any]) -> None:
@@ -262,8 +262,8 @@ class Router:
         records, self._records = self._records, defaultdict(list)
         for node, recs in records.items():
             self._enqueue(("node", node, envelope.encode(recs), None), len(recs))
-        rooms, self._room_records = self._room_records, {}
-        waiters, self._room_waiters = self._room_waiters, {}
+        rooms, self._key_records = self._key_records, {}
+        waiters, self._key_waiters = self._key_waiters, {}
         for room, recs in rooms.items():
             self._enqueue(("room", room, envelope.encode(recs), waiters.get(room)), len(recs))
 
@@ -280,7 +280,7 @@ class Router:
             while len(batch) < self.publish_batch and not self._outq.empty():
                 batch.append(self._outq.get_nowait())
             results = await asyncio.gather(*(
-                self.broker.publish_room(key, env) if kind == "room"
+                self.broker.publish_key(key, env) if kind == "room"
                 else self.broker.publish(key, env)
                 for kind, key, env, _ in batch
             ), return_exceptions=True)

@@ -291,7 +291,7 @@ class FakeCounters(Faulty):
 
 
 class FakePusher:
-    """``router.timeline_fanout.UserPusher``: records each push."""
+    """``gateway.feed.fanout.UserPusher``: records each push."""
 
     def __init__(self) -> None:
         self.pushed: list[tuple[list[str], bytes]] = []
@@ -301,7 +301,7 @@ class FakePusher:
 
 
 if TYPE_CHECKING:  # mypy proves each fake satisfies its Protocol
-    from router.timeline_fanout import UserPusher
+    from gateway.feed.fanout import UserPusher
     from store.ports import CounterStore, FeedCache, FollowStore, PostStore, TimelineStore
 
     _f: FollowStore = FakeFollows()

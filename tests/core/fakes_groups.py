@@ -1,5 +1,5 @@
 """In-memory fakes of the group store Protocols (``GroupStore``, ``GroupCache``)
-and of the membership-change sender (``gateway.group_admin.GroupNotifier``);
+and of the membership-change sender (``gateway.groups.admin.GroupNotifier``);
 see ``fakes.py`` for what the fakes promise."""
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ class FakeGroupCache(Faulty):
 
 
 class FakeControl:
-    """``gateway.group_admin.GroupNotifier``: records each membership change
+    """``gateway.groups.admin.GroupNotifier``: records each membership change
     told and each push, and all of them in order (``log``)."""
 
     def __init__(self) -> None:
@@ -299,7 +299,7 @@ class FakeControl:
 
 
 if TYPE_CHECKING:  # mypy proves each fake satisfies its Protocol
-    from gateway.group_admin import GroupNotifier
+    from gateway.groups.admin import GroupNotifier
     from store.ports import GroupCache, GroupStore
 
     _gs: GroupStore = FakeGroupStore()

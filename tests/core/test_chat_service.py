@@ -1,4 +1,4 @@
-"""ChatService (gateway/chat.py) over fakes of its stores: the send path's
+"""ChatService (gateway/chat/service.py) over fakes of its stores: the send path's
 dedup, store-once, deliveries and ack value; resends; failures; sync's
 fallback to the message store. No servers."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-from gateway.expiry import ExpiryWheel
+from gateway.ws.expiry import ExpiryWheel
 from testkit.poll import until
 
 

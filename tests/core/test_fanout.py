@@ -8,7 +8,8 @@ import orjson
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from gateway.fanout import DeliveryCap, room_frames, sample, ws_text_frame
+from gateway.rooms.coalesce import DeliveryCap, room_frames, sample
+from gateway.wire import ws_text_frame
 
 
 def test_cap_refills_by_time_and_prio_spends_tokens():

@@ -12,7 +12,7 @@ import pytest
 from core.seek_cursor import MAX_CURSOR, BadCursor, decode_cursor, encode_cursor
 from gateway.config import Settings
 from gateway.errors import ProtocolError
-from gateway.feed import FRIENDS_SCAN
+from gateway.feed.service import FRIENDS_SCAN
 from tests.core.test_feed_service import Feed, build_feed
 
 

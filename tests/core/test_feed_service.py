@@ -1,5 +1,5 @@
-"""FeedService's timeline (gateway/feed.py) over fakes of its stores, with the
-fan-out (router/timeline_fanout.py) run by hand: each source of a page
+"""FeedService's timeline (gateway/feed/service.py) over fakes of its stores, with the
+fan-out (gateway/feed/fanout.py) run by hand: each source of a page
 (the pushed window, pulled authors, fan-outs under way), what is hidden
 (deleted posts, authors no longer followed), and seek paging. No servers."""
 
@@ -14,8 +14,8 @@ from core.errors import Unavailable
 from core.ids import MidGenerator
 from gateway.config import Settings
 from gateway.errors import ProtocolError
-from gateway.feed import FeedService, feed_frame
-from router.timeline_fanout import TimelineFanout
+from gateway.feed.fanout import TimelineFanout
+from gateway.feed.service import FeedService, feed_frame
 from tests.core.fakes_feed import (
     FakeCounters,
     FakeFeedCache,

@@ -1,4 +1,4 @@
-"""GroupAdmin (gateway/group_admin.py) over fakes: the order of store, cache,
+"""GroupAdmin (gateway/groups/admin.py) over fakes: the order of store, cache,
 controls and group_event pushes per change, owner and member rules, the
 administration lease, dissolve against sends (the seq allocation refuses),
 member pages with opaque cursors, and read status from read seqs
@@ -15,9 +15,9 @@ import pytest
 
 from core.errors import Unavailable
 from core.group_reads import read_status
-from gateway import group_admin
 from gateway.config import Settings
 from gateway.errors import ProtocolError
+from gateway.groups import admin as group_admin
 from tests.core.world import World, build
 
 WD_MAX = 3

@@ -1,4 +1,4 @@
-"""GroupService (gateway/groups.py) over fakes of its stores: membership and
+"""GroupService (gateway/groups/service.py) over fakes of its stores: membership and
 the control messages it sends, per-group seqs across a shared batch, write vs
 read diffusion, one encoding per message, tombstones after a failed insert,
 read marks. No servers."""
@@ -17,7 +17,7 @@ from core.ids import mid_time_ms
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.frames import group_frame
-from gateway.groups import GroupSendResult
+from gateway.groups.service import GroupSendResult
 from store.records import GroupMessage
 from tests.core.fakes import settle
 from tests.core.world import World, build

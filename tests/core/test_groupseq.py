@@ -1,4 +1,4 @@
-"""Group seq assignment and batch summaries (gateway/groups.py), pure."""
+"""Group seq assignment and batch summaries (gateway/groups/service.py), pure."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from core.ratelimit import KeyedBuckets
-from gateway.http_models import Id, NewMembers, UserId
+from gateway.http.models import Id, NewMembers, UserId
 
 BAD_IDS = ["a*", "{x}", "a b", "a\x00", "a\n", "$where", "x}{y", "été", "", "x" * 65,
            "a/b", "a\\b"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("core", "gateway", "router", "store")
+PACKAGES = ("core", "gateway", "relay", "router", "store")
 DRIVERS = ("pymongo", "redis", "aio_pika", "aiormq")
 MAX_LINES = 600
 
@@ -275,10 +275,12 @@ def test_type_checking_and_nested_imports_are_seen():
 def test_relative_imports_resolve():
     node = ast.parse("from ..router import base").body[0]
     assert isinstance(node, ast.ImportFrom)
-    assert _absolute("gateway.chat", False, node) == "router"
+    assert _absolute("gateway.wire", False, node) == "router"
+    assert _absolute("gateway.chat.service", False, node) == "gateway.router"
     node = ast.parse("from . import protocol").body[0]
     assert isinstance(node, ast.ImportFrom)
-    assert _absolute("gateway.chat", False, node) == "gateway"
+    assert _absolute("gateway.wire", False, node) == "gateway"
+    assert _absolute("gateway.chat.service", False, node) == "gateway.chat"
     assert _absolute("gateway", True, node) == "gateway"
 
 

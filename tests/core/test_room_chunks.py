@@ -1,4 +1,4 @@
-"""gateway.rooms / gateway.room_ring: a room bigger than ``write_chunk`` is
+"""gateway.rooms.hub / gateway.rooms.ring: a room bigger than ``write_chunk`` is
 written by a cursor, a chunk of members per loop turn; each member gets every
 frame it lacks in one write, in order (no server: fake sockets)."""
 
@@ -10,9 +10,9 @@ import orjson
 
 from gateway.hub import Hub
 from gateway.metrics import NodeMetrics
-from gateway.rooms import RoomHub, RoomLimits
+from gateway.rooms.hub import RoomHub, RoomLimits
 from testkit.poll import until
-from tests.core.test_connections import make_client, metric, parse, tr
+from tests.core.test_wire_and_hub import make_client, metric, parse, tr
 
 
 def rig(members: int, chunk: int):

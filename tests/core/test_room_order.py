@@ -1,4 +1,4 @@
-"""gateway.rooms: positioned room messages leave in position order; a missing
+"""gateway.rooms.hub: positioned room messages leave in position order; a missing
 position is waited for once, up to ``reorder_s`` (no server: fake sockets)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import orjson
 
 from gateway.hub import Hub
 from gateway.metrics import NodeMetrics
-from gateway.rooms import RoomHub, RoomLimits
+from gateway.rooms.hub import RoomHub, RoomLimits
 from testkit.poll import until
-from tests.core.test_connections import make_client, metric, parse, tr
+from tests.core.test_wire_and_hub import make_client, metric, parse, tr
 
 
 def rig(reorder_s: float = 0.02):

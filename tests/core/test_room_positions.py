@@ -1,4 +1,4 @@
-"""gateway.room_positions: one store call per batch of rooms, at most one per
+"""gateway.rooms.positions: one store call per batch of rooms, at most one per
 room per window; positioned bytes as the script writes them; no ack without
 a position (no server: a fake of the project's own RoomHistoryStore)."""
 
@@ -12,7 +12,7 @@ import pytest
 from core.errors import Unavailable
 from core.room_history import RoomLog
 from gateway.metrics import NodeMetrics
-from gateway.room_positions import RoomPositions, positioned
+from gateway.rooms.positions import RoomPositions, positioned
 from testkit.poll import until
 
 

@@ -67,17 +67,17 @@ class RecordingBroker:
         self.published.append(("node", node, envelope))
         await self.inner.publish(node, envelope)
 
-    async def publish_room(self, room: str, envelope: bytes) -> None:
-        self.published.append(("room", room, envelope))
-        await self.inner.publish_room(room, envelope)
+    async def publish_key(self, key: str, envelope: bytes) -> None:
+        self.published.append(("room", key, envelope))
+        await self.inner.publish_key(key, envelope)
 
-    async def bind_room(self, room: str) -> None:
-        await self.inner.bind_room(room)
+    async def bind_key(self, key: str) -> None:
+        await self.inner.bind_key(key)
 
-    async def unbind_room(self, room: str) -> None:
-        await self.inner.unbind_room(room)
+    async def unbind_key(self, key: str) -> None:
+        await self.inner.unbind_key(key)
 
-    async def publish_event(self, key: str, body: bytes) -> None:
+    async def publish_event(self, key: str, body: bytes, event_id: str) -> None:
         self.published.append(("events", key, body))
 
     def status(self) -> BrokerStatus:

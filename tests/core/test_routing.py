@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.grouphub import group_key as reexported
+from gateway.groups.hub import group_key as reexported
 from router.routing import group_key, parse_key, room_key
 
 

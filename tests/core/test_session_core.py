@@ -1,4 +1,4 @@
-"""The sans-I/O session core: frames in, actions out (gateway/session.py's decisions)."""
+"""The sans-I/O session core: frames in, actions out (gateway/ws/session.py's decisions)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from gateway import protocol as p
 from gateway.errors import ProtocolError
-from gateway.session_core import (
+from gateway.ws.core import (
     Accepted,
     Close,
     Inline,

@@ -1,4 +1,4 @@
-"""gateway.tasks.stop: a task whose cancel was lost (as asyncio.wait_for drops one
+"""core.tasks.stop: a task whose cancel was lost (as asyncio.wait_for drops one
 on Python 3.11) is cancelled again until it is done; the caller's own
 cancellation still propagates."""
 
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from gateway.tasks import stop
+from core.tasks import stop
 
 
 async def test_a_lost_cancel_is_asked_again():

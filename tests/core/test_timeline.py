@@ -1,6 +1,6 @@
 """The feed's push-or-pull decision and the timeline page merge, pure.
 
-The property tests page through simulated sources the way gateway/feed.py
+The property tests page through simulated sources the way gateway/feed/service.py
 reads them (window of pushed entries, pulled unpushed posts, the followed
 authors' own posts once the window is not full, fan-outs under way) and
 check that the pages together are every visible post exactly once, newest
@@ -105,7 +105,7 @@ def make_feed(rng: random.Random) -> Feed:
 
 
 def read_page(feed: Feed, cursor: int | None, limit: int) -> TimelinePage:
-    """The sources as gateway/feed.py reads them, then the pure merge."""
+    """The sources as gateway/feed/service.py reads them, then the pure merge."""
     want = limit + 1
 
     def newest(ids: Iterable[int], n: int) -> list[int]:

@@ -8,14 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.ids import MidGenerator
-from gateway.chat import ChatService
-from gateway.claims import Claims
+from gateway.chat.claims import Claims
+from gateway.chat.conversations import Conversations
+from gateway.chat.service import ChatService
 from gateway.config import Settings
-from gateway.conversations import Conversations
-from gateway.group_admin import GroupAdmin
-from gateway.groups import GroupService
+from gateway.groups.admin import GroupAdmin
+from gateway.groups.diffusion import GroupDiffusion
+from gateway.groups.service import GroupService
 from gateway.metrics import NodeMetrics
-from router.group_fanout import GroupDiffusion
 from tests.core.fakes import FakeDedup, FakeMessages, FakeOffline, FakeRoutes
 from tests.core.fakes_groups import FakeControl, FakeGroupCache, FakeGroupStore
 

@@ -1,4 +1,4 @@
-"""The webhook relay (``python -m gateway events``, router/webhook.py) as a
+"""The webhook relay (``python -m gateway events``, relay/webhook.py) as a
 process, on the real RabbitMQ, relaying the ``offline.msg`` events of real
 nodes to an HTTP receiver of the test's own: signed, in order, retried with
 the attempt counted, dead-lettered when refused or given up on, redelivered

@@ -1,0 +1,64 @@
+"""One reader's view of all its conversations: the 1:1-vs-group dispatch on
+``g:`` and the merges of both sides (sync, history, conversations, read).
+
+The decisions are ``core.inbox``'s (pure); this facade only asks ``ChatService``
+and ``GroupService`` for their halves.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from core import inbox
+from core.cursors import next_cursor
+from core.ids import mid_for_time_ms
+from gateway.chat.service import ChatService
+from gateway.groups.service import GroupService
+
+__all__ = ["Conversations", "SyncPage"]
+
+GROUP_PREFIX = "g:"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPage:
+    msgs: list[Any]  # orjson.Fragment (stored bytes) or dicts (from MongoDB)
+    next: int
+    more: bool
+
+
+class Conversations:
+    def __init__(self, chat: ChatService, groups: GroupService, sync_settle_ms: int) -> None:
+        self.chat = chat
+        self.groups = groups
+        self.sync_settle_ms = sync_settle_ms
+
+    async def mark_read(self, user: str, conv: str, mid: int) -> int:
+        """Read up to ``mid``; returns the conversation's unread count after it."""
+        if conv.startswith(GROUP_PREFIX):
+            return await self.groups.read(user, conv[len(GROUP_PREFIX):], mid)
+        return await self.chat.mark_read(user, conv, mid)
+
+    async def history(self, user: str, conv: str, before: int | None, limit: int
+                      ) -> tuple[list[dict[str, Any]], int | None]:
+        if conv.startswith(GROUP_PREFIX):
+            return await self.groups.history(user, conv[len(GROUP_PREFIX):], before, limit)
+        return await self.chat.history(user, conv, before, limit)
+
+    async def sync(self, user: str, since: int, limit: int) -> SyncPage:
+        """Messages after ``since``, oldest first: the user's own store (1:1 and
+        write-diffused groups) merged with its read-diffused groups."""
+        rows = await self.chat.sync_rows(user, since, limit + 1)
+        extra = await self.groups.sync_rd(user, since, limit + 1)
+        msgs, mids, more = inbox.merge_sync(rows, extra, limit)
+        horizon = mid_for_time_ms(int(time.time() * 1000) - self.sync_settle_ms)
+        return SyncPage(msgs, next_cursor(since, mids, more, horizon), more)
+
+    async def conversations(self, user: str, limit: int) -> dict[str, Any]:
+        """1:1 conversations and groups, newest first; the total covers both."""
+        total, direct = await self.chat.conversation_rows(user, limit)
+        group_total, group_rows = await self.groups.conversation_rows(user)
+        rows = inbox.merge_conversations(direct, group_rows, limit)
+        return {"total_unread": total + group_total, "conversations": rows}

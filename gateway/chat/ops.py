@@ -1,0 +1,111 @@
+"""What a user does to messages already stored, and who is told: ``read``
+(the reader's other devices follow, the 1:1 peer gets a ``receipt``),
+``recall`` (a tombstone for both sides, ``recalled`` pushed), delete for me.
+
+One route look-up for everyone told, then the router's batched push (one
+envelope per node). The WebSocket ops and the HTTP calls share it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from core.ids import mid_time_ms
+from core.throttle import Throttle
+from gateway.chat.conversations import GROUP_PREFIX, Conversations
+from gateway.chat.service import ChatService
+from gateway.errors import ProtocolError
+from gateway.groups.service import GroupService
+from gateway.hub import Client
+from gateway.presence.subs import PresenceSubs
+from gateway.presence.watch import PresenceQuery
+from gateway.protocol import encode
+
+__all__ = ["MessageOps", "Notifier"]
+
+TYPING_EVERY_S = 2.0
+
+
+class Notifier(Protocol):
+    """``router.Router``: pushes to users, and to a group's online members."""
+
+    async def push_frames(self, items: Sequence[tuple[str, bytes]],
+                          skip_conn: int | None = None) -> None: ...
+
+    def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None
+                      ) -> None: ...
+
+
+class MessageOps:
+    def __init__(self, conversations: Conversations, chat: ChatService, groups: GroupService,
+                 notifier: Notifier,
+                 recall_window_s: float, in_group_here: Callable[[str, int], bool],
+                 watchers: PresenceSubs, presence: PresenceQuery) -> None:
+        self.conversations = conversations
+        self.chat = chat
+        self.groups = groups
+        self.notifier = notifier
+        self.recall_window_ms = int(recall_window_s * 1000)
+        self.in_group_here = in_group_here  # (group, connection): bound on this node
+        self._typing = Throttle(TYPING_EVERY_S)
+        self.watchers = watchers
+        self.presence = presence
+
+    async def presence_sub(self, client: Client, users: list[str], rid: object
+                           ) -> dict[str, dict[str, object]]:
+        """Watch ``users`` (changes come as ``presence`` frames); their state now."""
+        await self.watchers.watch(client, users, rid)
+        return await self.presence.state(users)
+
+    def presence_unsub(self, client: Client, users: list[str]) -> None:
+        self.watchers.unwatch(client, users)
+
+    async def typing(self, user: str, conn: int, conv: str) -> None:
+        """Ephemeral: at most one per conversation per 2 s per user on this node
+        (extras dropped), never stored; a group's goes through its broker
+        binding to the members online, from a connection bound to the group."""
+        if conv == user or not self._typing.allow((user, conv), time.monotonic()):
+            return
+        if conv.startswith(GROUP_PREFIX):
+            group = conv[len(GROUP_PREFIX):]
+            if self.in_group_here(group, conn):
+                self.notifier.publish_group(
+                    group, encode({"op": "typing", "conv": conv, "from": user}), conn)
+            return
+        await self.notifier.push_frames(
+            [(conv, encode({"op": "typing", "conv": user, "from": user}))])
+
+    async def read(self, user: str, conv: str, mid: int, skip_conn: int | None = None) -> int:
+        """Read up to ``mid``; the reader's other devices get ``read`` with the new
+        count, a 1:1 peer's devices a ``receipt``. Returns the count."""
+        unread = await self.conversations.mark_read(user, conv, mid)
+        told = [(user, encode({"op": "read", "conv": conv, "mid": mid, "unread": unread}))]
+        if not conv.startswith(GROUP_PREFIX):
+            told.append((conv, encode({"op": "receipt", "conv": user, "mid": mid})))
+        await self.notifier.push_frames(told, skip_conn)
+        return unread
+
+    async def recall(self, user: str, mid: int) -> None:
+        """The sender takes back a 1:1 or group message within ``IM_RECALL_WINDOW_S``:
+        both users' devices, or the group's members online, get ``recalled``."""
+        if mid_time_ms(mid) + self.recall_window_ms < time.time() * 1000:
+            raise ProtocolError("forbidden", "the recall window has passed")
+        try:
+            m = await self.chat.recall(user, mid)
+        except ProtocolError as err:
+            if err.code != "not_found":
+                raise
+            g = await self.groups.recall(user, mid)  # not a 1:1 message: a group's?
+            conv = f"g:{g.group}"
+            self.notifier.publish_group(
+                g.group, encode({"op": "recalled", "mid": mid, "conv": conv, "by": user}))
+            return
+        await self.notifier.push_frames([
+            (m.sender, encode({"op": "recalled", "mid": mid, "conv": m.to, "by": user})),
+            (m.to, encode({"op": "recalled", "mid": mid, "conv": m.sender, "by": user}))])
+
+    async def forget(self, user: str, mid: int) -> None:
+        """Delete for me: out of the caller's box, sync and history only."""
+        await self.chat.forget(user, mid)

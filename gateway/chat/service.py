@@ -1,0 +1,183 @@
+"""1:1 chat: the send path, offline acks, 1:1 read marks, and the 1:1 side of
+sync, history and conversations (``Conversations`` merges in the groups').
+
+Send (docs/architecture.md): dedup on (sender, cmid) -> mid -> body and both
+box entries in MongoDB -> both users' offline stores, unread and conversation
+lists in Redis -> only then ``ack``. Each stage is a ``Batcher``, so under
+load many sends share one round trip per stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import orjson
+
+from core import dedup
+from core.batcher import Batcher
+from core.errors import Unavailable
+from core.ids import mid_time_ms
+from core.paging import seek_page
+from gateway.chat.claims import Claims
+from gateway.config import Settings
+from gateway.errors import ProtocolError
+from gateway.frames import frame_of, msg_frame, tombstone
+from gateway.metrics import NodeMetrics
+from gateway.protocol import encode
+from store.ports import MessageStore, OfflineStore
+from store.records import ChatMessage, ConversationRow, Delivery, Erasure
+
+__all__ = ["ChatService", "IdSource", "SendResult"]
+
+
+class IdSource(Protocol):
+    """Time-ordered unique ids (``core.ids.MidGenerator``)."""
+
+    def next(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    mid: int
+    ts: int
+    frame: bytes | None  # the push frame; None for a duplicate (nothing new to push)
+    sender_routes: dict[str, str] | None = None  # connection -> node
+    receiver_routes: dict[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    msg: ChatMessage
+    frame: bytes
+
+
+class ChatService:
+    """Orchestrates the stores for 1:1 chat; knows nothing of sockets."""
+
+    def __init__(self, claims: Claims, messages: MessageStore, offline: OfflineStore,
+                 mids: IdSource, settings: Settings, metrics: NodeMetrics) -> None:
+        self.claims = claims
+        self.messages = messages
+        self.offline = offline
+        self.mids = mids
+        self.metrics = metrics
+        mb, mp = settings.batch_max, settings.pending_max
+        # MongoDB's cost per call dominates at small batches, so the write stage
+        # lingers briefly (IM_MONGO_LINGER_MS) to let a batch fill.
+        self._writes: Batcher[ChatMessage, int] = Batcher(
+            self.messages.store_batch, name="mongo",
+            linger_s=settings.mongo_linger_ms / 1000, concurrency=settings.mongo_inflight,
+            observe=metrics.stage_observer("mongo"), max_batch=mb, max_pending=mp)
+        self._deliveries: Batcher[_Outgoing, tuple[dict[str, str], dict[str, str]]] = Batcher(
+            self._flush_deliveries, name="redis", observe=metrics.stage_observer("redis"),
+            max_batch=mb, max_pending=mp)
+
+    # -- send ----------------------------------------------------------------
+    async def send(self, sender: str, to: str, cmid: str, body: Any) -> SendResult:
+        """Store a message durably; raises ``Unavailable`` if that cannot be done."""
+        if to == sender:
+            raise ProtocolError("bad_request", "to must be another user")
+        if to.startswith("g:"):
+            raise ProtocolError("bad_request", "ids starting with 'g:' name groups")
+        mid = self.mids.next()
+        prior = await self.claims.claim(sender, cmid, mid)
+        if prior is not None:
+            if prior.seq is not None:
+                raise ProtocolError("bad_request", "cmid was used for a group message")
+            if prior.acked:  # acked before: same mid, nothing stored
+                self.metrics.sends.labels("duplicate").inc()
+                return SendResult(prior.mid, mid_time_ms(prior.mid), None)
+            mid = prior.mid  # in flight or failed earlier: redo it under the same mid
+        msg = ChatMessage(mid, sender, to, cmid, body)
+        stored = await self._writes.submit(msg)
+        if stored != mid:  # MongoDB already had this cmid under its original mid
+            msg = replace(msg, mid=stored)
+            mid = stored
+        frame = encode(msg_frame(msg))
+        routes = await self._deliveries.submit(_Outgoing(msg, frame))
+        self.metrics.sends.labels("stored").inc()
+        return SendResult(mid, mid_time_ms(mid), frame, *routes)
+
+    async def _flush_deliveries(
+        self, items: list[_Outgoing]
+    ) -> list[tuple[dict[str, str], dict[str, str]]]:
+        deliveries: list[Delivery] = []
+        acked: list[tuple[str, str, str]] = []
+        for it in items:
+            m = it.msg
+            deliveries.append(Delivery(m.sender, m.to, m.mid, it.frame, unread=False))
+            deliveries.append(Delivery(m.to, m.sender, m.mid, it.frame, unread=True))
+            acked.append((m.sender, m.cmid, dedup.done(m.mid)))
+        routes = await self.offline.deliver(deliveries, acked)
+        return [(routes[2 * i], routes[2 * i + 1]) for i in range(len(items))]
+
+    async def close(self) -> None:
+        for b in (self._writes, self._deliveries):
+            await b.close()
+
+    # -- read side (1:1 only; ``Conversations`` dispatches and merges) ----------
+    async def recv_ack(self, user: str, mids: tuple[int, ...]) -> None:
+        await self.offline.ack(user, mids=mids)
+
+    async def sync_ack(self, user: str, upto: int) -> None:
+        await self.offline.ack(user, upto=upto)
+
+    async def mark_read(self, user: str, conv: str, mid: int) -> int:
+        return await self.offline.mark_read(user, conv, mid)
+
+    async def sync_rows(self, user: str, since: int, count: int) -> list[tuple[int, Any]]:
+        """(mid, entry) after ``since``, oldest first: the offline store when it can
+        vouch for the range (its stored bytes, as ``orjson.Fragment``), else the
+        MongoDB boxes; MongoDB alone while Redis is down."""
+        try:
+            page = await self.offline.page(user, since, count)
+        except Unavailable:
+            page = None
+        if page is not None and page.complete:
+            return [(mid, orjson.Fragment(raw)) for mid, raw in page.rows]
+        stored = await self.messages.box_page(user, after=since, limit=count)
+        return [(m.mid, frame_of(m, user)) for m in stored]
+
+    async def history(self, user: str, conv: str, before: int | None, limit: int
+                      ) -> tuple[list[dict[str, Any]], int | None]:
+        stored = await self.messages.box_page(user, conv=conv, before=before, limit=limit + 1)
+        page, cursor = seek_page(stored, limit, lambda m: m.mid)
+        return [frame_of(m, user) for m in page], cursor
+
+    # -- recall, delete for me ------------------------------------------------------
+    async def recall(self, user: str, mid: int) -> ChatMessage:
+        """``user``'s 1:1 message ``mid`` becomes a tombstone: MongoDB first (the
+        truth), then both users' Redis views (unread fixed where it counted)."""
+        m = await self.messages.recall(mid, user)
+        if m is None:
+            if await self.messages.sender_of(mid) is None:
+                raise ProtocolError("not_found", "no such message")
+            raise ProtocolError("forbidden", "only the sender may recall a message")
+        await self.offline.erase([
+            Erasure(m.sender, m.to, mid, True, encode(tombstone(m, m.to))),
+            Erasure(m.to, m.sender, mid, True, encode(tombstone(m, m.sender)))])
+        return m
+
+    async def forget(self, user: str, mid: int) -> str:
+        """``mid`` out of ``user``'s box only (the peer keeps it); its conversation."""
+        conv = await self.messages.forget(user, mid)
+        if conv is None:
+            raise ProtocolError("not_found", "no such message in your box")
+        left = await self.messages.box_page(user, conv=conv, limit=1)
+        newest = left[0] if left else None
+        await self.offline.erase([Erasure(
+            user, conv, mid, False, encode(frame_of(newest, user)) if newest else b"",
+            newest.mid if newest else 0)])
+        return conv
+
+    async def conversation_rows(self, user: str, limit: int
+                                ) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+        """(total unread, [(last mid, row)]) of the user's 1:1 conversations."""
+        total, rows = await self.offline.conversations(user, limit)
+        return total, [(r.mid, _row(r)) for r in rows if not r.conv.startswith("g:")]
+
+
+def _row(r: ConversationRow) -> dict[str, Any]:
+    return {"conv": r.conv, "unread": r.unread,
+            "last": orjson.Fragment(r.last) if r.last else None}

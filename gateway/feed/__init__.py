@@ -1,0 +1,1 @@
+"""The feed: follows, posts, timelines and their fan-out to followers."""

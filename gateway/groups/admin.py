@@ -1,0 +1,286 @@
+"""Group administration: membership, name, owner, leave, dissolve, the caller's
+groups, member pages and who read a message. (Sending is ``gateway.groups.service``.)
+
+Every change is in force on every node before it is answered: MongoDB (the
+truth), then the Redis caches the send path reads, then a control to the
+nodes holding the users' devices (``gadd`` / ``gdel``, each confirmed by the
+broker). Changes of one group run one at a time under its administration
+lease in MongoDB, so no two of them interleave (an owner handing the group
+to a member who is leaving at that moment, members added while it is
+dissolved).
+
+``group_event`` pushes (encoded once) go through the group's broker binding,
+one envelope per node holding members, plus the added or removed users' own
+devices, whose nodes may not be bound to the group:
+
+- added: the event first (the new members' devices are not bound yet, so
+  they get it once, directly), then ``gadd``;
+- removed / left: ``gdel`` first, then the event (the group's devices no
+  longer include theirs: again once, directly);
+- dissolved: the flag first (``GroupStore.allocate`` refuses the group from
+  then on, in the same atomic update that would take a seq: a send started
+  after the answer is never acked), then the event to the group's nodes
+  (confirmed), then the members become former members (history stays
+  readable) and leave every cache and every node's group map.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+from core.errors import Unavailable
+from core.group_reads import read_status
+from core.paging import seek_page
+from core.seek_cursor import BadCursor, decode_cursor, encode_cursor
+from gateway.auth import check_user_id
+from gateway.config import Settings
+from gateway.errors import ProtocolError
+from gateway.protocol import encode
+from router.errors import BrokerUnavailable
+from store.ports import GroupCache, GroupStore
+
+__all__ = ["ControlSender", "GroupAdmin", "GroupNotifier", "group_event"]
+
+log = logging.getLogger("gateway.groups.service")
+
+LEASE_MS = 30_000  # a node that dies holding it blocks the group's changes this long
+LEASE_WAIT_S = 5.0  # then the caller hears `unavailable` and retries
+TELL_CHUNK = 1000  # users per control when a whole group is told
+
+
+class ControlSender(Protocol):
+    """Applies a membership change to the users' devices on every node
+    (``router.Router.tell``) and returns once it has taken effect."""
+
+    async def tell(self, users: list[str], ctl: dict[str, Any]) -> None: ...
+
+
+class GroupNotifier(ControlSender, Protocol):
+    """``router.Router`` as administration uses it: controls and pushes."""
+
+    async def publish_group_confirmed(self, group: str, frame: bytes) -> None: ...
+
+    async def push_users(self, users: Sequence[str], frame: bytes) -> None: ...
+
+
+def group_event(group: str, event: str, users: Sequence[str], by: str) -> bytes:
+    """The ``group_event`` push, encoded once for every device it goes to."""
+    return encode({"op": "group_event", "group": group, "event": event,
+                   "users": list(users), "by": by})
+
+
+def _info(doc: dict[str, Any]) -> dict[str, Any]:
+    return {"group": doc["_id"], "name": doc["name"], "owner": doc["owner"],
+            "members": int(doc.get("size", 0))}
+
+
+class GroupAdmin:
+    """Group administration for one node; knows nothing of sockets."""
+
+    def __init__(self, store: GroupStore, cache: GroupCache, notifier: GroupNotifier,
+                 settings: Settings) -> None:
+        self.store = store
+        self.cache = cache
+        self.notifier = notifier
+        self.max_members = settings.group_max_members
+        self.wd_max = settings.group_write_diffusion_max
+
+    # -- membership ------------------------------------------------------------
+    async def create(self, owner: str, name: str, members: list[str]) -> str:
+        users = list(dict.fromkeys([owner, *members]))
+        self._check_size(len(users))
+        group = secrets.token_hex(8)
+        await self.store.create(group, name, owner, users)
+        await self.cache.added(group, users, 0, complete=True)
+        await self.cache.created(group)
+        await self._announce(group, "added", users[1:], owner, direct=users, bound=False)
+        await self.notifier.tell(users, {"op": "gadd", "g": group})
+        return group
+
+    async def add(self, caller: str, group: str, users: list[str]) -> None:
+        async with self._lease(group):
+            doc = await self._owned(caller, group)
+            self._check_size(int(doc.get("size", 0)) + len(users))
+            added, seq = await self.store.add_members(group, list(dict.fromkeys(users)))
+            if added:
+                await self.cache.added(group, added, seq)
+                await self._announce(group, "added", added, caller, direct=added)
+                await self.notifier.tell(added, {"op": "gadd", "g": group})
+
+    async def remove(self, caller: str, group: str, user: str) -> None:
+        async with self._lease(group):
+            doc = await self._owned(caller, group)
+            if user == doc["owner"]:
+                raise ProtocolError("bad_request", "the owner cannot be removed")
+            await self._drop(group, user, "removed", caller)
+
+    async def leave(self, user: str, group: str) -> None:
+        async with self._lease(group):
+            doc = await self._live(group)
+            if doc["owner"] == user:
+                raise ProtocolError("bad_request",
+                                    "the owner must hand the group over before leaving")
+            if not await self._drop(group, user, "left", user):
+                raise ProtocolError("forbidden", "not a member of this group")
+
+    async def _drop(self, group: str, user: str, event: str, by: str) -> bool:
+        if not await self.store.remove_member(group, user):
+            return False
+        await self.cache.removed(group, user)
+        await self.notifier.tell([user], {"op": "gdel", "g": group})
+        await self._announce(group, event, [user], by, direct=[user])
+        return True
+
+    # -- name, owner, dissolve -------------------------------------------------------
+    async def update(self, caller: str, group: str, *, name: str | None = None,
+                     owner: str | None = None) -> None:
+        """Rename and/or hand the group to another current member (owner only)."""
+        async with self._lease(group):
+            doc = await self._owned(caller, group)
+            name = None if name == doc["name"] else name
+            owner = None if owner == doc["owner"] else owner
+            if owner is not None and owner not in await self.store.memberships(group, [owner]):
+                raise ProtocolError("bad_request", "the new owner must be a member")
+            await self.store.set_info(group, name=name, owner=owner)
+            if name is not None:
+                await self._announce(group, "renamed", [], caller)
+            if owner is not None:
+                await self._announce(group, "owner", [owner], caller)
+
+    async def dissolve(self, caller: str, group: str) -> None:
+        """Owner only. Answered again (``ok``) to the owner's retry, which
+        finishes what an interrupted dissolve left undone."""
+        async with self._lease(group):
+            doc = await self.store.get(group)
+            if doc is None or (doc.get("dissolved") and doc["owner"] != caller):
+                raise ProtocolError("not_found", "no such group")
+            if doc["owner"] != caller:
+                raise ProtocolError("forbidden", "only the group's owner may dissolve it")
+            if not doc.get("dissolved"):
+                await self.store.dissolve(group)
+                await self._announce(group, "dissolved", [], caller)
+            users = await self.store.retire_members(group)
+            await self.cache.dissolved(group, users)
+            for i in range(0, len(users), TELL_CHUNK):
+                await self.notifier.tell(users[i:i + TELL_CHUNK], {"op": "gdel", "g": group})
+
+    # -- reading -----------------------------------------------------------------------
+    async def list_groups(self, user: str) -> list[dict[str, Any]]:
+        """The caller's groups in id order (a dissolved one never shows)."""
+        mine = await self.cache.user_groups(user)
+        docs = await self.store.get_many(sorted(mine))
+        return [_info(docs[g]) for g in sorted(docs) if not docs[g].get("dissolved")]
+
+    async def info(self, user: str, group: str) -> dict[str, Any]:
+        doc = await self._live(group)
+        await self._member(user, group)
+        return _info(doc)
+
+    async def members_page(self, user: str, group: str, cursor: str | None, limit: int
+                           ) -> dict[str, Any]:
+        """Members in id order, ``limit`` a page; ``cursor`` is opaque."""
+        scope = f"members:{group}"
+        after = None
+        if cursor is not None:
+            try:
+                after = decode_cursor(scope, cursor)
+            except BadCursor:
+                raise ProtocolError("bad_request", "cursor: not a cursor of this list") from None
+            if check_user_id(after) is not None:
+                raise ProtocolError("bad_request", "cursor: not a cursor of this list")
+        await self._live(group)
+        await self._member(user, group)
+        users, last = seek_page(await self.store.page_members(group, after, limit + 1), limit,
+                                lambda u: u)
+        return {"users": users, "cursor": encode_cursor(scope, last) if last else None}
+
+    async def reads(self, user: str, group: str, mid: int) -> dict[str, Any]:
+        """Who of the members who could see message ``mid`` has read it (the
+        sender left out), from the members' read seqs: O(members) now, nothing
+        counted when it was sent. ``users`` only for groups of up to
+        ``IM_GROUP_WRITE_DIFFUSION_MAX`` members."""
+        await self._live(group)
+        mine = await self._member(user, group)
+        msg = await self.store.message(group, mid)
+        if msg is None or msg.seq <= mine:
+            raise ProtocolError("not_found", "no such message in this group")
+        members = (await self.cache.members([group]))[group]
+        seqs = await self.cache.memberships(group, members)
+        status = read_status(msg.seq, msg.sender,
+                             ((u, m.from_seq, m.read_seq) for u, m in seqs.items()))
+        out: dict[str, Any] = {"read": status.read, "unread": status.unread}
+        if len(members) <= self.wd_max:
+            out["users"] = status.readers
+        return out
+
+    # -- checks -----------------------------------------------------------------------
+    def _check_size(self, n: int) -> None:
+        if n > self.max_members:
+            raise ProtocolError("bad_request", f"a group has at most {self.max_members} members")
+
+    async def _live(self, group: str) -> dict[str, Any]:
+        doc = await self.store.get(group)
+        if doc is None or doc.get("dissolved"):
+            raise ProtocolError("not_found", "no such group")
+        return doc
+
+    async def _owned(self, caller: str, group: str) -> dict[str, Any]:
+        doc = await self._live(group)
+        if doc["owner"] != caller:
+            raise ProtocolError("forbidden", "only the group's owner may change it")
+        return doc
+
+    async def _member(self, user: str, group: str) -> int:
+        """The seq the caller's membership starts after; 403 for a non-member."""
+        mine = (await self.cache.user_groups(user)).get(group)
+        if mine is None:
+            raise ProtocolError("forbidden", "not a member of this group")
+        return mine.from_seq
+
+    # -- the lease and the pushes ----------------------------------------------------------
+    @asynccontextmanager
+    async def _lease(self, group: str) -> AsyncIterator[None]:
+        """The group's administration lease for the block; ``not_found`` for no
+        such group, ``Unavailable`` if another change holds it past the wait."""
+        token = secrets.token_hex(8)
+        deadline = time.monotonic() + LEASE_WAIT_S
+        delay = 0.005
+        while True:
+            got = await self.store.lock(group, token, int(time.time() * 1000), LEASE_MS)
+            if got is None:
+                raise ProtocolError("not_found", "no such group")
+            if got:
+                break
+            if time.monotonic() > deadline:
+                raise Unavailable("mongo", f"group {group} busy")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        try:
+            yield
+        finally:
+            try:
+                await self.store.unlock(group, token)
+            except Unavailable as exc:  # it runs out on its own
+                log.warning("group %s lease not released: %s", group, exc)
+
+    async def _announce(self, group: str, event: str, users: Sequence[str], by: str, *,
+                        direct: Sequence[str] = (), bound: bool = True) -> None:
+        """``group_event`` to the group's devices (confirmed by the broker; not
+        for a new group, which has none yet) and to every device of ``direct``.
+        Best effort: the change stands anyway."""
+        frame = group_event(group, event, users, by)
+        if bound:
+            with contextlib.suppress(BrokerUnavailable):
+                await self.notifier.publish_group_confirmed(group, frame)
+        if direct:
+            try:
+                await self.notifier.push_users(direct, frame)
+            except Unavailable as exc:
+                log.warning("group_event %s of %s not pushed: %s", event, group, exc)

@@ -1,0 +1,77 @@
+"""Which local devices get a group's pushes: the group map of this node, kept
+current as devices connect and disconnect and as memberships change.
+
+A device's groups load at connect (batched: a reconnect storm is a few
+round trips); the node's broker queue is bound to a group while it holds one
+of its members (``gateway/bindings.py``). Membership changes arrive as
+controls (``gadd`` / ``gdel``) from whichever node took them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+from core.batcher import Batcher
+from core.errors import Unavailable
+from gateway.bindings import Bindings
+from gateway.groups.hub import GroupHub
+from gateway.hub import Client
+from router.routing import group_key
+from store.ports import GroupCache
+
+__all__ = ["GroupPresence"]
+
+log = logging.getLogger("gateway.groups.service")
+
+
+class GroupPresence:
+    def __init__(self, ghub: GroupHub, bindings: Bindings, cache: GroupCache, *,
+                 max_batch: int, max_pending: int) -> None:
+        self.ghub = ghub
+        self.bindings = bindings
+        self._loads: Batcher[str, list[str]] = Batcher(
+            cache.groups_of, name="redis", max_batch=max_batch, max_pending=max_pending)
+
+    async def connected(self, client: Client) -> None:
+        try:
+            groups = await self._loads.submit(client.user)
+        except Unavailable as exc:  # pushes of groups wait for a reconnect; sync has it all
+            log.warning("groups of %s not loaded: %s", client.user, exc)
+            return
+        if groups:
+            await self._join(client, groups)
+
+    async def _join(self, client: Client, groups: list[str]) -> None:
+        for g in groups:
+            self.ghub.add(client, g)
+        # ensure() is cheap when bound, and also cancels a pending lazy unbind.
+        await asyncio.gather(*(self.bindings.ensure(group_key(g)) for g in groups))
+
+    def disconnected(self, client: Client) -> None:
+        now = time.monotonic()
+        for g in self.ghub.remove_all(client):
+            self.bindings.idle(group_key(g), now)
+
+    def apply_control(self, users: list[str], ctl: dict[str, Any]) -> Awaitable[None] | None:
+        """A membership change for these users' local devices, in the group map
+        at once (a group message queued behind the control sees it); returned:
+        binding the group's key after a ``gadd``."""
+        group, op = ctl.get("g"), ctl.get("op")
+        if not isinstance(group, str):
+            return None
+        joined = False
+        for user in users:
+            for client in self.ghub.user_devices(user):
+                if op == "gadd":
+                    self.ghub.add(client, group)
+                    joined = True
+                elif op == "gdel" and self.ghub.remove(client, group):
+                    self.bindings.idle(group_key(group), time.monotonic())
+        return self.bindings.ensure(group_key(group)) if joined else None
+
+    async def close(self) -> None:
+        await self._loads.close()

@@ -1,0 +1,282 @@
+"""Group chat: the send path with per-group seq, unread, reads, history.
+(Membership, name, owner and dissolve are ``gateway.groups.admin``.)
+
+Send: member? -> dedup on (sender, cmid) -> mid -> (batched) seqs from the
+group's counter in MongoDB (one ``$inc`` per group per batch) -> one copy of
+each message in ``group_msgs`` -> small groups (at most
+``IM_GROUP_WRITE_DIFFUSION_MAX`` members) also get a box entry and an offline
+entry per member (``gateway.groups.diffusion``); bigger ones nothing more (members
+read the group by mid: read diffusion) -> the group's state in Redis ->
+``ack`` with ``seq`` -> one push envelope per node holding members.
+
+Unread of a group = its seq - the member's read seq: a message costs the
+same O(1) counter work whatever the member count. The arithmetic and the
+batch bookkeeping are ``core.groupseq`` and ``core.inbox`` (pure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from core import dedup, groupseq, inbox
+from core.batcher import Batcher
+from core.errors import Unavailable
+from core.ids import mid_time_ms
+from core.paging import seek_page
+from gateway.chat.claims import Claims
+from gateway.chat.service import IdSource
+from gateway.config import Settings
+from gateway.errors import ProtocolError
+from gateway.frames import encode_group, group_frame
+from gateway.groups.diffusion import GroupDiffusion
+from gateway.metrics import NodeMetrics
+from store.errors import GroupGone
+from store.ports import GroupCache, GroupStore, OfflineStore
+from store.records import Erasure, GroupMessage, Membership
+
+__all__ = ["GroupSendResult", "GroupService"]
+
+log = logging.getLogger("gateway.groups.service")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSendResult:
+    mid: int
+    seq: int
+    ts: int
+    frame: bytes | None  # None for a duplicate: nothing new to push
+    diffused: bool = False  # write diffusion: each member got a box entry
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    group: str
+    sender: str
+    cmid: str
+    body: Any
+    mid: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    msg: GroupMessage
+    frame: bytes  # encoded once: pushed, diffused, kept as the group's last
+
+
+class GroupService:
+    """Groups for one node; knows nothing of sockets."""
+
+    def __init__(self, store: GroupStore, cache: GroupCache, claims: Claims, mids: IdSource,
+                 diffusion: GroupDiffusion, offline: OfflineStore, settings: Settings,
+                 metrics: NodeMetrics) -> None:
+        self.store = store
+        self.cache = cache
+        self.claims = claims
+        self.mids = mids
+        self.diffusion = diffusion
+        self.offline = offline
+        self.wd_max = settings.group_write_diffusion_max
+        self._writes: Batcher[_Pending, _Stored] = Batcher(
+            self._flush, name="mongo", max_batch=settings.batch_max,
+            max_pending=settings.pending_max, linger_s=settings.mongo_linger_ms / 1000,
+            observe=metrics.stage_observer("group"))
+        self._repairs: set[asyncio.Task[None]] = set()
+
+    # -- send ----------------------------------------------------------------------
+    async def send(self, sender: str, group: str, cmid: str, body: Any, *,
+                   as_server: bool = False) -> GroupSendResult:
+        """``as_server``: the product's backend sends as ``sender``, who need not
+        be a member (the group must exist). A dissolved group is ``not_found``:
+        here when it is seen, else when its seq is allocated (``_flush``)."""
+        if as_server or not await self.cache.is_member(group, sender):
+            doc = await self.store.get(group)
+            if doc is None or doc.get("dissolved"):
+                raise ProtocolError("not_found", "no such group")
+            if not as_server:
+                raise ProtocolError("forbidden", "not a member of this group")
+        mid = self.mids.next()
+        prior = await self.claims.claim(sender, cmid, mid)
+        if prior is not None:
+            if prior.acked and prior.seq is not None:
+                return GroupSendResult(prior.mid, prior.seq, mid_time_ms(prior.mid), None)
+            if prior.acked:
+                raise ProtocolError("bad_request", "cmid was used for a 1:1 message")
+            mid = prior.mid
+        done = await self._writes.submit(_Pending(group, sender, cmid, body, mid))
+        m = done.msg
+        return GroupSendResult(m.mid, m.seq, mid_time_ms(m.mid), done.frame, m.wd)
+
+    async def _flush(self, items: list[_Pending]) -> list[_Stored | BaseException]:
+        by_group = groupseq.by_group([it.group for it in items])
+        sizes = await self.cache.sizes(by_group)
+        small = {g for g, n in sizes.items() if n <= self.wd_max}
+        ends = await asyncio.gather(*(
+            self.store.allocate(g, len(idx), max(items[i].mid for i in idx),
+                                0 if g in small else max(items[i].mid for i in idx))
+            for g, idx in by_group.items()), return_exceptions=True)
+        out: list[_Stored | BaseException] = [Unavailable("mongo")] * len(items)
+        allocated: list[GroupMessage] = []
+        where: list[int] = []
+        for (g, idx), end in zip(by_group.items(), ends, strict=True):
+            if isinstance(end, BaseException):
+                for i in idx:  # dissolved: nothing taken, nothing stored
+                    out[i] = (ProtocolError("not_found", "no such group")
+                              if isinstance(end, GroupGone) else end)
+                continue
+            for i, seq in groupseq.assign(idx, end):
+                it = items[i]
+                allocated.append(GroupMessage(g, seq, it.mid, it.sender, it.cmid, it.body,
+                                              g in small))
+                where.append(i)
+        if not allocated:
+            return out
+        try:
+            stored = await self.store.insert(allocated)
+        except Exception:  # down, or an item it refused: nothing of the batch is acked
+            self._repair(allocated)  # their seqs get tombstones (once MongoDB is back)
+            raise
+        ok: list[_Stored] = []
+        for i, m in zip(where, stored, strict=True):
+            if isinstance(m, GroupMessage):
+                done = _Stored(m, encode_group(m))
+                ok.append(done)
+                out[i] = done
+            else:
+                out[i] = m
+        await self.diffusion.diffuse([(s.msg, s.frame) for s in ok if s.msg.wd])
+        await self._record(ok)
+        return out
+
+    async def _record(self, stored: list[_Stored]) -> None:
+        """The groups' state in Redis, the senders' read seqs (their own messages
+        are not unread to them), then the senders' dedup keys (acked)."""
+        frames = {id(s.msg): s.frame for s in stored}
+        summary = groupseq.summarize([s.msg for s in stored])
+        await self.cache.record([(g, m.seq, m.mid, frames[id(m)], summary.rdmid.get(g, 0))
+                                 for g, m in summary.newest.items()], summary.reads)
+        self._later(self.store.set_reads(summary.reads))  # only Redis' rebuild needs it
+        await self.offline.deliver([], [(s.msg.sender, s.msg.cmid,
+                                         dedup.done(s.msg.mid, s.msg.seq)) for s in stored],
+                                   routes=False)
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Durable copies nobody waits for. Bounded: past 1,000 pending the write
+        is skipped (a later send of the same member carries a higher read seq)."""
+        async def run() -> None:
+            try:
+                await work
+            except Unavailable as exc:
+                log.warning("deferred group write failed: %s", exc)
+
+        if len(self._repairs) > 1000:
+            work.close()
+            return
+        self._track(asyncio.create_task(run()))
+
+    def _repair(self, msgs: list[GroupMessage]) -> None:
+        async def fill() -> None:
+            for _ in range(300):
+                try:
+                    await self.store.fill(msgs)
+                    return
+                except Unavailable:
+                    await asyncio.sleep(1.0)
+            log.error("seqs %s stay unfilled", [(m.group, m.seq) for m in msgs][:10])
+
+        self._track(asyncio.create_task(fill()))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._repairs.add(task)
+        task.add_done_callback(self._repairs.discard)
+
+    async def close(self) -> None:
+        await self._writes.close()
+        if self._repairs:
+            await asyncio.wait(self._repairs, timeout=5)
+
+    # -- recall ----------------------------------------------------------------------
+    async def recall(self, user: str, mid: int) -> GroupMessage:
+        """``user``'s group message ``mid`` becomes a tombstone: MongoDB first (the
+        truth), then the group's state (members' unread leaves it out) and, for
+        a write-diffusion group, each member's offline entry (one round trip)."""
+        m = await self.store.recall(mid, user)
+        if m is None:
+            if await self.store.sender_of(mid) is None:
+                raise ProtocolError("not_found", "no such message")
+            raise ProtocolError("forbidden", "only the sender may recall a message")
+        tomb = encode_group(m)
+        await self.cache.recalled(m.group, m.seq, m.mid, tomb)
+        if m.wd:
+            members = (await self.cache.members([m.group])).get(m.group, [])
+            await self.offline.erase([Erasure(u, f"g:{m.group}", mid, True, tomb)
+                                      for u in members])
+        return m
+
+    # -- reading ---------------------------------------------------------------------
+    async def _membership(self, user: str, group: str, *, former: bool = False
+                          ) -> tuple[int, int]:
+        """``former``: a member of a group since dissolved counts (history)."""
+        mine: Membership | None = (await self.cache.user_groups(user)).get(group)
+        if mine is None and former:
+            mine = await self.store.former(group, user)
+        if mine is None:
+            raise ProtocolError("forbidden", "not a member of this group")
+        return mine.from_seq, mine.read_seq
+
+    async def read(self, user: str, group: str, mid: int) -> int:
+        """Read up to ``mid``; returns the group's unread count after it."""
+        from_seq, _ = await self._membership(user, group)
+        seq = await self.store.seq_of(group, mid)
+        if seq is None:
+            raise ProtocolError("not_found", "no such message in this group")
+        read = await self.cache.set_read(user, group, max(seq, from_seq))
+        if read is None:
+            raise ProtocolError("forbidden", "not a member of this group")
+        await self.store.set_reads([(user, group, read)])
+        state = (await self.cache.states([group]))[group]
+        return inbox.group_unread(state.seq, read, from_seq, state.recalled)
+
+    async def history(self, user: str, group: str, before: int | None, limit: int
+                      ) -> tuple[list[dict[str, Any]], int | None]:
+        from_seq, _ = await self._membership(user, group, former=True)
+        msgs = await self.store.page(group, from_seq=from_seq, before=before, limit=limit + 1)
+        page, cursor = seek_page(msgs, limit, lambda m: m.mid)
+        return [group_frame(m) for m in page], cursor
+
+    async def sync_rd(self, user: str, since: int, limit: int
+                      ) -> list[tuple[int, dict[str, Any]]]:
+        """(mid, frame) of read-diffused group messages after ``since`` (write-diffused
+        ones are in the user's own offline store and box), oldest first."""
+        mine = await self.cache.user_groups(user)
+        if not mine:
+            return []
+        states = await self.cache.states(mine)
+        busy = inbox.busy_groups({g: st.rdmid for g, st in states.items()}, since)
+        pages = await asyncio.gather(*(
+            self.store.page(g, from_seq=mine[g].from_seq, after=since, limit=limit,
+                            only_rd=True) for g in busy))
+        return inbox.merge_group_pages(
+            [[(m.mid, group_frame(m)) for m in page] for page in pages], limit)
+
+    async def conversation_rows(self, user: str) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+        """(total unread over the user's groups, [(last mid, row)])."""
+        mine = await self.cache.user_groups(user)
+        if not mine:
+            return 0, []
+        states = await self.cache.states(mine)
+        total = 0
+        rows: list[tuple[int, dict[str, Any]]] = []
+        for g, st in states.items():
+            row = inbox.group_conversation_row(g, st.seq, st.lastmid, st.last,
+                                               mine[g].from_seq, mine[g].read_seq,
+                                               st.recalled)
+            total += row.unread
+            last = orjson.Fragment(row.last) if row.last else None
+            rows.append((row.mid, {"conv": row.conv, "unread": row.unread, "last": last}))
+        return total, rows

@@ -1,0 +1,1 @@
+"""Presence: who is online (leases, grace, events) and who watches whom."""

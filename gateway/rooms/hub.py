@@ -1,0 +1,331 @@
+"""The node's local room map and the coalescer that writes room traffic.
+
+``members`` is a ``ConnectionIndex`` (room -> {conn id: client}): joining
+and leaving are O(1) and a room with no local member leaves it. A room
+message (already-encoded fragment, from a local sender or another node) is
+queued for its room; the first one queued schedules that room's flush, so
+idle rooms and idle members cost nothing per message. Flushes of one room
+are at least a window apart: a message to a quiet room goes out in the next
+loop tick, a busy room's messages are gathered until a window after its last
+flush. A flush applies the room's delivery cap, builds the ``room_msgs``
+frame(s) and their WebSocket wire bytes once, and hands the same bytes for
+every member to the node's ``SocketWriter`` (no await; a member whose write
+buffer is over the bound misses the frame, counted, and is noted as stuck).
+
+A room with more local members than ``write_at_once`` is written by a
+cursor, ``write_chunk`` members per loop turn (``gateway.rooms.ring``): one big
+room's frame never holds the loop for the whole write (10,000 loopback writes
+take ~90 ms here), each member gets one write per pass with every frame it
+lacks, and a message waits at most one pass. Smaller rooms are written at
+once, as before.
+
+Positioned messages (``pos`` and ``epoch``, rooms v2) leave in position
+order: a flush sorts its window, and when positions are missing between the
+last one this node delivered and the window's, waits for them once, up to
+``reorder_s`` (the publishing nodes' messages cross the broker separately),
+then sends what it has. So a member sees a room's positions increase, and
+the highest it saw is where a recovery starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gateway.hub import Client, ConnectionIndex, Hub
+from gateway.metrics import NodeMetrics
+from gateway.rooms.coalesce import DeliveryCap, room_frames, sample
+from gateway.rooms.ring import RoomRing, first_pass
+from gateway.wire import ws_text_frame
+
+__all__ = ["RoomHub", "RoomLimits"]
+
+
+@dataclass(frozen=True)
+class RoomLimits:
+    window_s: float = 0.025  # coalescing window
+    rate_cap: float = 50.0  # messages/s to each member of a room; 0: no cap
+    frame_max: int = 65_536  # bytes per room_msgs frame
+    buffer_max: int = 262_144  # socket write buffer past which room frames skip a member
+    pending_max: int = 10_000  # messages queued per room per window; more are dropped
+    reorder_s: float = 0.05  # a gap in a room's positions is waited for this long
+    write_at_once: int = 1000  # rooms up to this many local members are written at once
+    write_chunk: int = 100  # members of a bigger room written per loop turn
+
+
+class _Window:
+    """A room's messages waiting for its next flush."""
+
+    __slots__ = ("frags", "prios", "poss", "epochs", "held", "since")
+
+    def __init__(self, since: float) -> None:
+        self.since = since  # time.monotonic() when the oldest message came
+        self.frags: list[bytes] = []
+        self.prios: list[int] = []
+        self.poss: list[int] = []  # 0: not positioned (history off)
+        self.epochs: list[str | None] = []
+        self.held = False  # waited for missing positions once already
+
+
+class RoomHub:
+    """Room -> local members, and the per-room coalescing queues."""
+
+    def __init__(self, hub: Hub, metrics: NodeMetrics, limits: RoomLimits,
+                 rng: random.Random | None = None) -> None:
+        self.hub = hub
+        self.metrics = metrics
+        self.limits = limits
+        self.members: ConnectionIndex[str] = ConnectionIndex("rooms")
+        self._users: dict[str, dict[str, int]] = {}  # room -> user -> its connections here
+        self._pending: dict[str, _Window] = {}
+        # room -> (epoch, next position to send); epoch None: the room's first
+        self._next: dict[str, tuple[str | None, int]] = {}
+        self._caps: dict[str, DeliveryCap] = {}
+        self._last_flush: dict[str, float] = {}  # room -> loop time of its last flush
+        self._rings: dict[str, RoomRing] = {}  # big rooms with frames still being written
+        self._writing = False  # ``_write_some`` is scheduled
+        self._rng = rng or random.Random()
+        m = metrics
+        self._m_in = m.room_msgs_in
+        self._m_cap = m.room_dropped.labels("cap")
+        self._m_overflow = m.room_dropped.labels("overflow")
+        self._m_nobody = m.room_dropped.labels("no_members")
+        self._m_frames = m.room_frames
+        self._m_writes = m.room_writes
+        self._m_delivered = m.room_delivered
+        self._m_skipped = m.room_skipped
+        self._m_flush = m.room_flush_seconds
+        self._m_held = m.room_held
+        self._m_window = m.room_stage.labels("window")
+        self._m_write = m.room_stage.labels("write")
+
+    # -- membership ----------------------------------------------------------
+    @property
+    def memberships(self) -> int:
+        return self.members.memberships
+
+    def join(self, client: Client, room: str) -> bool:
+        """Add ``client`` to ``room``; True if it is the room's first local member."""
+        if client.rooms is None or room not in client.rooms:
+            users = self._users.setdefault(room, {})
+            users[client.user] = users.get(client.user, 0) + 1
+        first = self.members.add(room, client)
+        ring = self._rings.get(room)
+        if ring is not None:
+            ring.joined(client.id)
+        self._gauges()
+        return first
+
+    def leave(self, client: Client, room: str) -> bool:
+        """Remove ``client`` from ``room``; True if that emptied the room here."""
+        if client.rooms is not None and room in client.rooms:
+            self._user_left(room, client.user)
+            if (ring := self._rings.get(room)) is not None:
+                ring.left(client.id)
+        emptied = self.members.remove(room, client)
+        if emptied:
+            self._forget(room)
+        self._gauges()
+        return emptied
+
+    def leave_all(self, client: Client) -> tuple[list[str], list[str]]:
+        """Remove ``client`` from every room: (rooms left, rooms emptied)."""
+        left, emptied = self.members.remove_all(client)
+        for room in left:
+            self._user_left(room, client.user)
+            if (ring := self._rings.get(room)) is not None:
+                ring.left(client.id)
+        for room in emptied:
+            self._forget(room)
+        if left:
+            self._gauges()
+        return left, emptied
+
+    def _user_left(self, room: str, user: str) -> None:
+        users = self._users.get(room)
+        if users is None:
+            return
+        n = users.get(user, 0) - 1
+        if n > 0:
+            users[user] = n
+        else:
+            users.pop(user, None)
+            if not users:
+                del self._users[room]
+
+    def expect(self, room: str, epoch: str | None, pos: int) -> None:
+        """A member joined when the room was at ``pos`` (of ``epoch``; None: no
+        message yet): later positions go out in order from there. Only for a
+        room whose order this node does not follow yet."""
+        if room in self.members and room not in self._next:
+            self._next[room] = (epoch, pos + 1)
+
+    def count(self, room: str) -> int:
+        """Local connections in ``room``."""
+        return self.members.count(room)
+
+    def users(self, room: str) -> int:
+        """Distinct users with a connection in ``room`` here."""
+        return len(self._users.get(room, ()))
+
+    def _forget(self, room: str) -> None:
+        """An emptied room keeps no state (a pending flush finds no members)."""
+        self._caps.pop(room, None)
+        self._last_flush.pop(room, None)
+        self._next.pop(room, None)
+        self._rings.pop(room, None)
+
+    def _gauges(self) -> None:
+        self.metrics.rooms.set(len(self.members))
+        self.metrics.room_members.set(self.memberships)
+
+    # -- traffic -------------------------------------------------------------
+    def deliver_room(self, room: str, fragment: bytes, prio: int, pos: int = 0,
+                     epoch: str | None = None) -> None:
+        """Queue one message for this node's members of ``room``; never awaits."""
+        self._m_in.inc()
+        if room not in self.members:
+            self._m_nobody.inc()
+            return
+        win = self._pending.get(room)
+        if win is None:
+            loop = asyncio.get_running_loop()
+            win = self._pending[room] = _Window(time.monotonic())
+            wait = self._last_flush.get(room, -1e9) + self.limits.window_s - loop.time()
+            if wait > 0:
+                loop.call_later(wait, self._flush, room)
+            else:  # the next tick: what arrives in this one (an envelope) shares the frame
+                loop.call_soon(self._flush, room)
+        elif len(win.frags) >= self.limits.pending_max and not prio:
+            self._m_overflow.inc()
+            return
+        win.frags.append(fragment)
+        win.prios.append(prio)
+        win.poss.append(pos)
+        win.epochs.append(epoch)
+
+    def _flush(self, room: str) -> None:
+        win = self._pending.pop(room)
+        members = self.members.get(room)
+        if not members:
+            self._m_nobody.inc(len(win.frags))
+            return
+        loop = asyncio.get_running_loop()
+        self._last_flush[room] = loop.time()
+        now = time.monotonic()
+        self._m_window.observe(now - win.since)
+        started = time.perf_counter()
+        runs = self._in_order(room, win)
+        if room in self._pending:  # a gap: the rest waits for it
+            loop.call_later(self.limits.reorder_s, self._flush, room)
+        wires: list[bytes] = []
+        frags = 0
+        for epoch, run, prios in runs:
+            frags += self._frames(room, epoch, run, prios, now, wires)
+        if wires:
+            ring = self._rings.get(room)
+            if ring is not None:  # being written: the cursor takes it on its way
+                ring.add(wires, frags, now)
+            elif len(members) <= self.limits.write_at_once:
+                self._write(members.values(), wires, frags)
+                self._m_write.observe(time.monotonic() - now)
+            else:
+                self._rings[room] = first_pass(list(members.values()), wires, frags)
+                self._step(room)  # the first chunk in this turn
+        self._m_flush.observe(time.perf_counter() - started)
+
+    def _write_some(self) -> None:
+        """The next chunk of every big room's members (one loop turn)."""
+        self._writing = False
+        for room in list(self._rings):
+            self._step(room)
+
+    def _step(self, room: str) -> None:
+        ring = self._rings[room]
+        writes, delivered, done = ring.step(self.limits.write_chunk, self._write_group)
+        self._m_writes.inc(writes)
+        self._m_delivered.inc(delivered)
+        if done:
+            for took in ring.end_pass(time.monotonic()):
+                self._m_write.observe(took)
+            members = self.members.get(room)
+            if not members or not ring.new_pass(list(members.values())):
+                del self._rings[room]
+                return
+        if not self._writing:
+            self._writing = True
+            asyncio.get_running_loop().call_soon(self._write_some)
+
+    def _write_group(self, clients: Sequence[Client], wires: list[bytes], frags: int) -> int:
+        return self.hub.writer.write_each(clients, wires, self.limits.buffer_max,
+                                          skipped=self._m_skipped)
+
+    def _write(self, clients: Iterable[Client], wires: list[bytes], frags: int) -> None:
+        written = self.hub.writer.write_each(clients, wires, self.limits.buffer_max,
+                                             skipped=self._m_skipped)
+        self._m_writes.inc(written * len(wires))
+        self._m_delivered.inc(written * frags)
+
+    def _in_order(self, room: str, win: _Window
+                  ) -> list[tuple[str | None, list[bytes], list[int]]]:
+        """The window's messages to send now, in position order, as runs of one
+        epoch; what follows a missing position is put back (held) once."""
+        epochs = win.epochs
+        if epochs[0] is None or len(set(epochs)) > 1:  # unpositioned, or a new epoch
+            if epochs[-1] is not None:
+                self._next[room] = (epochs[-1], win.poss[-1] + 1)
+            return [(e, [f], [p]) for e, f, p in zip(epochs, win.frags, win.prios,
+                                                      strict=True)] \
+                if epochs[0] is not None else [(None, win.frags, win.prios)]
+        epoch = epochs[0]
+        order = sorted(range(len(win.poss)), key=win.poss.__getitem__)
+        cut = len(order)
+        expected = self._next.get(room)
+        if expected is not None and expected[0] in (epoch, None) and not win.held:
+            nxt = expected[1]
+            for k, i in enumerate(order):
+                pos = win.poss[i]
+                if pos > nxt:
+                    cut = k
+                    break
+                nxt = max(nxt, pos + 1)  # (a late one, below nxt, goes now)
+        if cut < len(order):
+            self._m_held.inc()
+            rest = self._pending[room] = _Window(win.since)
+            rest.held = True
+            for i in order[cut:]:
+                rest.frags.append(win.frags[i])
+                rest.prios.append(win.prios[i])
+                rest.poss.append(win.poss[i])
+                rest.epochs.append(epoch)
+            order = order[:cut]
+        if not order:
+            return []
+        self._next[room] = (epoch, max(win.poss[order[-1]] + 1,
+                                       expected[1] if expected and expected[0] == epoch else 0))
+        return [(epoch, [win.frags[i] for i in order], [win.prios[i] for i in order])]
+
+    def _frames(self, room: str, epoch: str | None, frags: list[bytes], prios: list[int],
+                now: float, out: list[bytes]) -> int:
+        """The room's delivery cap, then the run's frames' wire bytes onto ``out``;
+        returns how many messages they carry."""
+        lim = self.limits
+        cap = self._caps.get(room)
+        if cap is None:
+            # A burst of one second's worth, so a quiet room's first words all go.
+            cap = self._caps[room] = DeliveryCap(lim.rate_cap, max(lim.rate_cap, 1.0), now)
+        must = sum(prios)
+        normal = len(frags) - must
+        allowed = cap.allow(now, must, normal)
+        if allowed < normal:
+            frags = sample(frags, prios, allowed, self._rng)
+            self._m_cap.inc(normal - allowed)
+        if not frags:
+            return 0
+        wires = [ws_text_frame(f) for f in room_frames(room, frags, lim.frame_max, epoch)]
+        self._m_frames.inc(len(wires))
+        out.extend(wires)
+        return len(frags)

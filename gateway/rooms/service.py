@@ -1,0 +1,274 @@
+"""Live rooms on one node: the ops (join, leave, room_send), broker bindings,
+online counts, and the once-a-second housekeeping.
+
+- Bindings (``gateway/bindings.py``): the node's broker queue is bound to a
+  room when the room gets its first local member; an emptied room keeps its
+  binding for ``room_unbind_delay_s``.
+- Counts: each join or leave writes this node's count for the room and
+  reads the total across live nodes in the same round trip (batched with
+  every other join and leave in flight); nobody is told about joins.
+- ``room_send``: checked, encoded once, queued for local members at once and
+  published to the other nodes; the sender's ``ok`` waits for the broker's
+  confirm of the envelope carrying it (``unavailable`` otherwise).
+- History (``IM_ROOM_HISTORY`` > 0, rooms v2): a message first takes its
+  position (``gateway/rooms/positions.py``: one Redis call per room per
+  window), then goes out as above. ``join`` binds first, then reads the room's
+  position and kept messages, so nothing falls between what the reply
+  carries and what arrives live (the two may overlap: clients dedup by pos).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from core.batcher import Batcher
+from core.ratelimit import KeyedBuckets
+from core.room_history import RoomLog, catch_up
+from gateway.bindings import Bindings
+from gateway.config import Settings
+from gateway.errors import ProtocolError
+from gateway.frames import body_value
+from gateway.hub import Client
+from gateway.metrics import NodeMetrics
+from gateway.rooms.hub import RoomHub
+from gateway.rooms.positions import RoomPositions
+from router import BrokerUnavailable, Router
+from router.routing import parse_key, room_key
+from store.errors import Unavailable
+from store.ports import RoomCountStore, RoomHistoryStore, SanctionStore
+
+RoomMutes = SanctionStore  # the room mutes, read at join
+
+__all__ = ["LiveRooms"]
+
+log = logging.getLogger("gateway.rooms.service")
+
+
+class LiveRooms:
+    """Room ops and bookkeeping of one node."""
+
+    def __init__(self, node: str, settings: Settings, metrics: NodeMetrics, rooms: RoomHub,
+                 router: Router, counts: RoomCountStore, bindings: Bindings,
+                 mutes: RoomMutes, history: RoomHistoryStore) -> None:
+        self.node = node
+        self.settings = settings
+        self.metrics = metrics
+        self.rooms = rooms
+        self.router = router
+        self.counts = counts
+        self.bindings = bindings
+        self._dirty: set[str] = set()  # counts to write at the next tick
+        self.mutes = mutes
+        # (room, user) -> unix time a mute ends, for users with a device in the room
+        # here: read at join, moved by the server API's controls; room_send never awaits.
+        self._muted: dict[tuple[str, str], float] = {}
+        self._buckets = KeyedBuckets(settings.room_send_rate, settings.room_send_burst)
+        self._last_refresh = time.monotonic()
+        self._report: Batcher[str, tuple[int, int]] = Batcher(
+            self._flush_counts, name="room-counts", max_batch=settings.batch_max,
+            max_pending=settings.pending_max)
+        self.history = history
+        self.positions: RoomPositions | None = None
+        if settings.room_history > 0:
+            self.positions = RoomPositions(
+                history, rooms.deliver_room, router.publish_room, metrics,
+                window_s=settings.room_window_ms / 1000, pending_max=settings.room_pending_max)
+        self._logs: Batcher[tuple[str, bool], RoomLog] = Batcher(
+            history.read, name="redis", max_batch=settings.batch_max,
+            max_pending=settings.pending_max)
+
+    # -- ops -----------------------------------------------------------------
+    async def join(self, client: Client, room: str, history: int = 0,
+                   since: tuple[str, int] | None = None) -> dict[str, Any]:
+        """Join: the ``joined`` reply's fields (``online``; with history kept,
+        ``epoch``, ``pos`` and ``msgs``, and ``recovered`` when ``since`` is
+        given)."""
+        if self.positions is None:  # no history kept: nothing can be recovered
+            online, _ = await self._join(client, room, None)
+            out: dict[str, Any] = {"online": online[0], "users": online[1]}
+            if since is not None:
+                out.update(msgs=[], recovered=False)
+            return out
+        want = history > 0 or since is not None
+        online, log = await self._join(client, room, want)
+        assert log is not None
+        self.rooms.expect(room, log.epoch, log.last)
+        got = catch_up(log, now_ms=int(time.time() * 1000),
+                       max_age_ms=int(self.settings.room_history_ttl_s * 1000),
+                       history=history, since=since)
+        out = {"online": online[0], "users": online[1], "epoch": log.epoch, "pos": log.last}
+        if want:
+            out["msgs"] = [orjson.Fragment(m) for m in got.msgs]
+        if got.recovered is not None:
+            out["recovered"] = got.recovered
+        return out
+
+    async def _join(self, client: Client, room: str, want: bool | None
+                    ) -> tuple[tuple[int, int], RoomLog | None]:
+        """Join here; the room's online count across nodes and, unless ``want``
+        is None, its position (and kept messages if ``want``), read once the
+        room is bound here."""
+        joined = client.rooms or ()
+        if room not in joined and len(joined) >= self.settings.room_max_per_conn:
+            raise ProtocolError("forbidden", f"a connection may be in at most "
+                                f"{self.settings.room_max_per_conn} rooms")
+        until = await self.mutes.room_muted(room, client.user)
+        if until:
+            self._muted[(room, client.user)] = until
+        self.rooms.join(client, room)
+        await self.bindings.ensure(room_key(room))
+        try:
+            if want is None:
+                return await self._report.submit(room), None
+            online, log = await asyncio.gather(self._report.submit(room),
+                                               self._logs.submit((room, want)))
+            return online, log
+        except Unavailable:
+            self._left(client, room)  # refused: not counted, so not a member either
+            raise
+
+    async def leave(self, client: Client, room: str) -> None:
+        if self._left(client, room):
+            try:
+                await self._report.submit(room)
+            except Unavailable:
+                self._dirty.add(room)  # written at the next tick once Redis is back
+
+    def disconnected(self, client: Client) -> None:
+        """A connection closed: leave its rooms; counts are written at the next tick."""
+        if client.rooms:
+            left, emptied = self.rooms.leave_all(client)
+            now = time.monotonic()
+            for room in emptied:
+                self.bindings.idle(room_key(room), now)
+            self._dirty.update(left)
+
+    def send(self, client: Client, room: str, body: Any, prio: int) -> asyncio.Future[None]:
+        """Fan one message out; the future settles with the broker's confirm."""
+        if client.rooms is None or room not in client.rooms:
+            self.metrics.room_sends.labels("forbidden").inc()
+            raise ProtocolError("forbidden", "join the room before sending to it")
+        if self._muted and self._is_muted(room, client.user):
+            self.metrics.room_sends.labels("muted").inc()
+            raise ProtocolError("forbidden", "muted in this room")
+        now = time.monotonic()
+        if not self._buckets.take(client.user, now):
+            self.metrics.room_sends.labels("rate_limited").inc()
+            raise ProtocolError("rate_limited", "too many room messages; slow down")
+        fragment = orjson.dumps({"from": client.user, "body": body_value(body),
+                                 "ts": int(time.time() * 1000)})
+        self.metrics.room_sends.labels("accepted").inc()
+        return self._out(room, fragment, prio)
+
+    def _out(self, room: str, fragment: bytes, prio: int) -> asyncio.Future[None]:
+        """To local members and the other nodes, positioned first when kept."""
+        if self.positions is not None:
+            return self.positions.submit(room, fragment, prio)
+        self.rooms.deliver_room(room, fragment, prio)
+        return self.router.publish_room(room, fragment, prio)
+
+    async def publish(self, room: str, body: bytes, prio: int, sender: str) -> None:
+        """The server API's message to ``room``: members here at once, every other
+        node's through the broker; returns once the broker confirmed it."""
+        fragment = orjson.dumps({"from": sender, "body": body_value(body),
+                                 "ts": int(time.time() * 1000)})
+        self.metrics.room_sends.labels("server").inc()
+        try:
+            await self._out(room, fragment, prio)
+        except BrokerUnavailable as exc:
+            raise Unavailable("rabbitmq", type(exc).__name__) from exc
+
+    def _is_muted(self, room: str, user: str) -> bool:
+        until = self._muted.get((room, user))
+        if until is None:
+            return False
+        if until > time.time():
+            return True
+        del self._muted[(room, user)]
+        return False
+
+    def apply_control(self, users: list[str], ctl: dict[str, Any]) -> None:
+        """The server API's room controls for these users' local devices: a mute
+        (``rmute``, until), its end (``runmute``), a kick (``rkick``: leave, told
+        ``{"op":"left","room","reason":"kicked"}``)."""
+        op, room = ctl.get("op"), ctl.get("room")
+        if not isinstance(room, str):
+            return
+        for user in users:
+            if op == "rmute" and isinstance(ctl.get("until"), int | float):
+                self._muted[(room, user)] = float(ctl["until"])
+            elif op == "runmute":
+                self._muted.pop((room, user), None)
+            elif op == "rkick":
+                frame = orjson.dumps({"op": "left", "room": room, "reason": "kicked"})
+                for client in list(self.rooms.hub.users.get(user, {}).values()):
+                    if self._left(client, room):
+                        self._dirty.add(room)
+                        client.write(frame, self.settings.reply_buffer_max)
+
+    async def online(self, room: str) -> tuple[int, int]:
+        """``room``'s connections and users across live nodes (a fresh read; a
+        user with connections on two nodes counts on each)."""
+        return (await self.counts.totals([room]))[room]
+
+    @property
+    def bind_ops(self) -> int:
+        return self.bindings.ops
+
+    def _left(self, client: Client, room: str) -> bool:
+        """Leave locally; True if ``client`` was a member."""
+        if client.rooms is None or room not in client.rooms:
+            return False
+        if self.rooms.leave(client, room):
+            self.bindings.idle(room_key(room), time.monotonic())
+        return True
+
+    # -- counts --------------------------------------------------------------
+    async def _flush_counts(self, rooms: list[str]) -> list[tuple[int, int]]:
+        totals = await self.counts.report(self.node, self._local(rooms))
+        return [totals[r] for r in rooms]
+
+    def _local(self, rooms: Iterable[str]) -> dict[str, tuple[int, int]]:
+        return {r: (self.rooms.count(r), self.rooms.users(r)) for r in rooms}
+
+    # -- housekeeping (every room_report_s) ----------------------------------
+    async def tick(self) -> None:
+        now = time.monotonic()
+        s = self.settings
+        if now - self._last_refresh >= s.room_refresh_s:
+            self._last_refresh = now
+            self._dirty.update(self.rooms.members)  # renews every key's TTL
+        if self._dirty:
+            dirty, self._dirty = self._dirty, set()
+            try:
+                await self.counts.report(self.node, self._local(dirty))
+            except Unavailable as exc:
+                self._dirty |= dirty
+                log.warning("room counts not written: %s", exc)
+        # Slow sockets of any traffic (rooms, groups, 1:1): the writer owns the rule.
+        self.rooms.hub.writer.close_stuck(s.stuck_close_s, now)
+
+    def rewrite_counts(self) -> None:
+        """Redis lost its data: write every local count again at the next tick."""
+        self._dirty.update(self.rooms.members)
+
+    async def close(self) -> None:
+        """Drain: this node's members leave every count at once."""
+        await self._report.close()
+        await self._logs.close()
+        if self.positions is not None:
+            await self.positions.close()
+        with contextlib.suppress(Unavailable):
+            await self.counts.forget_node(self.node, list(self.rooms.members))
+
+    def snapshot(self) -> dict[str, Any]:
+        rooms = [k for k in self.bindings.bound if parse_key(k)[0] == "room"]
+        return {"rooms": len(self.rooms.members), "memberships": self.rooms.memberships,
+                "bound": len(rooms)}

@@ -1,0 +1,189 @@
+"""The wire: the one place frames are written to a socket around websockets.
+
+Replies and pushes are complete WebSocket frames (``ws_text_frame``, RFC 6455
+5.2) built once by the caller and written straight to the connection's
+transport, never awaiting: encoding a broadcast once and writing the same
+bytes to every recipient is what makes room and group fan-out cheap. This
+bypasses websockets' own framing, which is safe because the node never sends
+fragmented messages and websockets writes each of its own frames (pings,
+pongs, closes) to the transport in the step that makes it, so a raw frame
+never lands inside one of its frames (tests/integration/gateway/test_wire.py
+interleaves the two on a real connection). Every raw access to a socket goes
+through this module: ``is_open``, ``buffered``, ``write``, ``abort``, and the
+``SocketWriter`` that fans one frame out to many.
+
+- ``SocketWriter``: writes WebSocket wire bytes, built once by the caller, to
+  each recipient's transport without awaiting. It owns the rules: only OPEN
+  sockets are written; a socket whose write buffer is over the bound is
+  skipped (counted) and noted as stuck; a write that goes through clears
+  that; a socket stuck too long is aborted.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import struct
+import time
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from websockets.asyncio.server import ServerConnection
+from websockets.protocol import State
+
+__all__ = ["Count", "Peer", "SocketWriter", "Written", "abort", "buffered", "is_closing",
+           "is_open", "write_wires", "ws_text_frame"]
+
+log = logging.getLogger("gateway.wire")
+
+_OPEN = State.OPEN
+_U16 = struct.Struct("!H")
+_U64 = struct.Struct("!Q")
+
+
+def ws_text_frame(payload: bytes) -> bytes:
+    """A complete, unmasked (server to client), uncompressed WebSocket text frame
+    (RFC 6455 5.2). Built once per message: the node's socket writer
+    (``gateway/hub.py``) writes the same bytes to every recipient."""
+    n = len(payload)
+    if n < 126:
+        return bytes((0x81, n)) + payload
+    if n < 1 << 16:
+        return bytes((0x81, 126)) + _U16.pack(n) + payload
+    return bytes((0x81, 127)) + _U64.pack(n) + payload
+
+
+def is_open(ws: ServerConnection) -> bool:
+    """Whether frames may be written: the WebSocket is OPEN (no close sent or
+    received) and the transport is not being torn down."""
+    return ws.protocol.state is _OPEN and not ws.transport.is_closing()
+
+
+def is_closing(ws: ServerConnection) -> bool:
+    """Whether the transport is closing or was aborted (its reads are over)."""
+    return ws.transport.is_closing()
+
+
+def buffered(ws: ServerConnection) -> int:
+    """Bytes queued on the socket and not yet taken by the kernel."""
+    return ws.transport.get_write_buffer_size()
+
+
+def abort(ws: ServerConnection) -> None:
+    """Drop the connection at once: a close handshake would queue behind a
+    backlog that is the reason for dropping it."""
+    ws.transport.abort()
+
+
+class Written(enum.Enum):
+    """What became of one write."""
+
+    SENT = "sent"
+    FULL = "full"  # the write buffer was over the bound: skipped
+    CLOSED = "closed"  # the socket was not OPEN: skipped
+
+
+_SENT, _FULL, _CLOSED = Written.SENT, Written.FULL, Written.CLOSED
+
+
+def write_wires(ws: ServerConnection, wires: Sequence[bytes], limit: int) -> Written:
+    """Queue ``wires`` (complete frames) on ``ws``'s transport unless the socket is
+    not OPEN or more than ``limit`` bytes are already queued. Never awaits."""
+    if ws.protocol.state is not _OPEN:
+        return _CLOSED
+    transport = ws.transport
+    if transport.get_write_buffer_size() > limit:
+        return _FULL
+    if len(wires) == 1:
+        transport.write(wires[0])
+    else:
+        transport.writelines(wires)
+    return _SENT
+
+
+class Peer(Protocol):
+    """A connected device as the writer sees it (``gateway.hub.Client``)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def ws(self) -> ServerConnection: ...
+    stuck_since: float
+
+
+class Count(Protocol):
+    """A counter (``prometheus_client.Counter`` or one of its labelled children)."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class SocketWriter:
+    """Writes the same wire bytes to many sockets; owns the skip and stuck rules.
+
+    ``skipped`` counts recipients skipped for backlog unless a call names its
+    own counter; ``closed`` counts sockets aborted for staying stuck.
+    """
+
+    def __init__(self, skipped: Count, closed: Count) -> None:
+        self.skipped = skipped
+        self.closed = closed
+        self.stuck: dict[int, Peer] = {}  # clients whose writes are being skipped
+
+    def write_each(self, clients: Iterable[Peer], wires: Sequence[bytes], limit: int,
+                   skip_conn: int | None = None, *, skipped: Count | None = None) -> int:
+        """``wires`` to each client but ``skip_conn``, never awaiting; a client with
+        over ``limit`` bytes queued is skipped, counted and noted as stuck.
+        Returns how many took them."""
+        written = 0
+        full: list[Peer] = []
+        # ``write_wires`` inlined: this loop is the room and group fan-out's hot path
+        # (one pass per member per frame); several frames go as one buffer, one write.
+        data = wires[0] if len(wires) == 1 else b"".join(wires)
+        for client in clients:
+            if client.id == skip_conn:
+                continue
+            ws = client.ws
+            if ws.protocol.state is not _OPEN:
+                continue
+            transport = ws.transport
+            if transport.get_write_buffer_size() > limit:
+                full.append(client)
+                continue
+            transport.write(data)
+            written += 1
+            if client.stuck_since:
+                self.unstuck(client)
+        if full:
+            (skipped or self.skipped).inc(len(full))
+            now = time.monotonic()
+            for client in full:
+                self.mark_stuck(client, now)
+        return written
+
+    def mark_stuck(self, client: Peer, now: float) -> None:
+        if not client.stuck_since:
+            client.stuck_since = now
+            self.stuck[client.id] = client
+
+    def unstuck(self, client: Peer) -> None:
+        """A write went through (or the client is gone): not stuck any more."""
+        client.stuck_since = 0.0
+        self.stuck.pop(client.id, None)
+
+    def stuck_longer_than(self, seconds: float, now: float) -> list[Peer]:
+        """Peers whose writes have been skipped for over ``seconds``."""
+        return [c for c in self.stuck.values() if now - c.stuck_since > seconds]
+
+    def close_stuck(self, seconds: float, now: float) -> int:
+        """Abort the sockets stuck for over ``seconds``; returns how many. The
+        client recovers by reconnecting and syncing."""
+        stale = self.stuck_longer_than(seconds, now)
+        for client in stale:
+            log.info("closing a stuck connection of %s (write buffer full for %.0fs)",
+                     client.user, now - client.stuck_since)
+            self.unstuck(client)
+            self.closed.inc()
+            abort(client.ws)
+        return len(stale)

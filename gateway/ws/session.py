@@ -1,0 +1,403 @@
+"""One WebSocket connection: authenticate, read frames, act, reply.
+
+The decisions (parse, refuse, rate-limit, which op runs how) are the
+sans-I/O ``SessionCore``'s; this module only moves bytes and runs what the
+core asks for. Sends run as tasks (at most ``max_inflight`` per connection), so a client
+that pipelines sends gets them batched with everyone else's; when the bound
+is reached the reader waits, which pushes back on the client's TCP stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Protocol, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+from websockets.protocol import State
+
+from core.errors import Unavailable
+from gateway import protocol as p
+from gateway import wire
+from gateway.auth import Token, TokenVerifier, bearer_token
+from gateway.chat.conversations import Conversations
+from gateway.chat.ops import MessageOps
+from gateway.chat.service import ChatService, SendResult
+from gateway.config import Settings
+from gateway.errors import ProtocolError
+from gateway.events import Events
+from gateway.groups.service import GroupSendResult, GroupService
+from gateway.hub import Client
+from gateway.metrics import NodeMetrics
+from gateway.moderation import CLOSED_BY_SERVER, Moderation
+from gateway.rooms.service import LiveRooms
+from gateway.ws import core as sc
+from gateway.ws.expiry import ExpiryWheel
+from gateway.ws.registry import Registry
+
+__all__ = ["Pusher", "Sessions", "push_group_sent", "push_sent"]
+
+log = logging.getLogger("gateway.ws.session")
+T = TypeVar("T")
+YIELD_EVERY = 16  # frames read from one socket before the loop serves the others
+_HANDSHAKE_DONE = Request("/ws", Headers())
+TOKEN_EXPIRED = 4001  # docs/protocol.md: close codes 4000-4099 are the gateway's
+
+
+class Pusher(Protocol):
+    """``router.Router``, as a session sees it: pushes after an ack."""
+
+    def push(self, user: str, frame: bytes, routes: dict[str, str] | None,
+             skip_conn: int | None = None) -> None: ...
+
+    def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None
+                      ) -> None: ...
+
+    def is_alive(self, node: str, now: float) -> bool: ...
+
+
+def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, result: SendResult,
+              body: bytes, skip_conn: int | None = None) -> None:
+    """After a 1:1 ack: the message to the receiver's devices and the sender's
+    others (nothing for a duplicate), and ``offline.msg`` when the receiver has
+    no device on a live node. The WebSocket and the server API share it."""
+    if result.frame is None:
+        return
+    pusher.push(to, result.frame, result.receiver_routes)
+    pusher.push(sender, result.frame, result.sender_routes, skip_conn=skip_conn)
+    if events is not None:
+        now = time.time()
+        if not any(pusher.is_alive(n, now) for n in (result.receiver_routes or {}).values()):
+            events.offline_msg(to, result.mid, sender, sender, body)
+
+
+def push_group_sent(pusher: Pusher, events: Events | None, sender: str, group: str,
+                    result: GroupSendResult, body: bytes, skip_conn: int | None = None) -> None:
+    """After a group ack: one envelope per node bound to the group (nothing for a
+    duplicate), and the group's events (``offline.msg`` for its offline members
+    or one ``offline.group``, found by the events worker, not here)."""
+    if result.frame is None:
+        return
+    pusher.publish_group(group, result.frame, skip_conn=skip_conn)
+    if events is not None:
+        events.group_msg(group, result.mid, result.seq, sender, body, diffused=result.diffused)
+
+
+class Sessions:
+    """WebSocket entry points of a node."""
+
+    def __init__(self, settings: Settings, registry: Registry, chat: ChatService,
+                 groups: GroupService, conversations: Conversations, live: LiveRooms,
+                 pusher: Pusher, metrics: NodeMetrics, draining: Callable[[], bool],
+                 verifier: TokenVerifier, moderation: Moderation, ops: MessageOps,
+                 events: Events | None = None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.chat = chat
+        self.groups = groups
+        self.conversations = conversations
+        self.live = live
+        self.pusher = pusher
+        self.metrics = metrics
+        self.draining = draining
+        self.verifier = verifier
+        self.moderation = moderation
+        self.ops = ops
+        self.events = events
+        self._tokens: weakref.WeakKeyDictionary[ServerConnection, Token] = \
+            weakref.WeakKeyDictionary()
+        self._expiries = ExpiryWheel(self._expired)
+        self.limits = sc.SessionLimits(
+            settings.max_body, settings.bad_frame_limit, settings.send_rate,
+            settings.send_burst, op_rate=settings.op_rate, op_burst=settings.op_burst,
+            refuse_rate=settings.refuse_rate, refuse_burst=settings.refuse_burst)
+
+    # -- handshake -----------------------------------------------------------
+    async def process_request(self, conn: ServerConnection, request: Request
+                              ) -> Response | None:
+        if request.path.split("?", 1)[0] != "/ws":
+            return conn.respond(HTTPStatus.NOT_FOUND, "WebSocket endpoint is /ws\n")
+        if self.draining():
+            return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "node is draining\n")
+        # (No new attribute on ``conn``: that would un-share its instance dict,
+        # ~1.3 KB per idle connection. The token waits in a weak map instead.)
+        token = bearer_token(request.headers.get("Authorization")) or _query_token(request.path)
+        try:
+            checked = self.verifier.check(token)
+            await self.moderation.admit(checked)  # one Redis read per handshake
+        except ProtocolError as err:  # (admit never raises Unavailable: it skips the check)
+            status = HTTPStatus.FORBIDDEN if err.code == "forbidden" else HTTPStatus.UNAUTHORIZED
+            return conn.respond(status, err.message + "\n")
+        user = checked.user
+        if self.registry.connections_of(user) >= self.settings.max_conns_per_user:
+            self.metrics.closed.labels("conn_cap").inc()
+            return conn.respond(HTTPStatus.TOO_MANY_REQUESTS,
+                                f"at most {self.settings.max_conns_per_user} connections "
+                                "per user on a node\n")
+        conn.username = user
+        self._tokens[conn] = checked  # read once by handle
+        return None
+
+    # -- connection ----------------------------------------------------------
+    async def handle(self, ws: ServerConnection) -> None:
+        # The handshake's headers are never read again: ~1.6 KB per idle connection.
+        # (``request`` must stay set: websockets takes None for "handshake pending".)
+        ws.request, ws.response = _HANDSHAKE_DONE, None
+        core = sc.SessionCore(self.limits, time.monotonic())  # budgets, bad frames
+        client = Client(ws.username, ws)
+        token = self._tokens.pop(ws)
+        client.iat = token.iat or 0.0
+        self._expiries.set(client, token.exp)
+        closing: asyncio.Task[None] | None = None
+        try:
+            await self.registry.connected(client)
+            if self.moderation.held_back(client):  # banned or revoked while it connected
+                await ws.close(CLOSED_BY_SERVER, "banned or token revoked")
+            frames = 0
+            async for data in ws:
+                # Once closed by policy the core answers nothing: frames are only
+                # drained until the client's close frame arrives.
+                for action in core.receive(data, time.monotonic()):
+                    if isinstance(action, sc.Close):
+                        # Not awaited here: the handshake needs the client's close
+                        # frame, which comes behind the frames it already sent.
+                        self.metrics.closed.labels(action.why).inc()
+                        closing = asyncio.create_task(ws.close(action.code, action.reason))
+                        break
+                    await self._act(client, action)
+                # Not kept while the socket waits for its next frame: the last
+                # action (its encoded reply) and frame would stay alive that long,
+                # ~4.4 KB per connection that ever sent one (bench.many_conns).
+                action = data = None  # type: ignore[assignment]
+                if wire.is_closing(ws):  # aborted (reply backlog): stop reading
+                    return
+                frames += 1
+                if frames % YIELD_EVERY == 0:
+                    # Frames already buffered are handed over without a pause: give
+                    # every other socket and timer its turn, whatever this one sends.
+                    await asyncio.sleep(0)
+        except ConnectionClosed:
+            pass
+        finally:
+            self._expiries.discard(client)
+            if closing is not None:
+                await asyncio.gather(closing, return_exceptions=True)
+            await self.registry.disconnected(client)
+
+    async def _act(self, client: Client, action: sc.Action) -> None:
+        if isinstance(action, sc.Accepted):
+            self.metrics.frames_in.labels(action.op).inc()
+        elif isinstance(action, sc.Reply):
+            if action.error is not None:
+                self.metrics.errors.labels(action.error).inc()
+            self._send_bytes(client, action.data)
+        elif isinstance(action, sc.Spawn):
+            await self._spawn(client, self._run(client, action.frame))
+        elif isinstance(action, sc.Inline):
+            if isinstance(action.frame, p.Refresh):
+                await self._spawn(client, self._refresh(client, action.frame))
+            elif isinstance(action.frame, p.Typing):
+                await self._spawn(client, self._typing(client, action.frame))
+            else:
+                self._room_send(client, action.frame)
+
+    def _run(self, client: Client, f: sc.TaskFrame) -> Awaitable[None]:
+        if isinstance(f, p.Send):
+            return self._send(client, f)
+        if isinstance(f, p.GroupSend):
+            return self._group_send(client, f)
+        if isinstance(f, p.Read):
+            return self._read(client, f)
+        if isinstance(f, p.RecvAck):
+            return self._recv_ack(client, f)
+        if isinstance(f, p.Join):
+            return self._join(client, f)
+        if isinstance(f, p.Recall):
+            return self._recall(client, f)
+        if isinstance(f, p.PresenceSub):
+            return self._presence_sub(client, f)
+        return self._leave(client, f)
+
+    async def _spawn(self, client: Client, work: Awaitable[None]) -> None:
+        tasks = client.tasks
+        if tasks is None:
+            tasks = client.tasks = set()
+        while len(tasks) >= self.settings.max_inflight:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        task = asyncio.ensure_future(work)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    # -- ops -----------------------------------------------------------------
+    async def _send(self, client: Client, f: p.Send) -> None:
+        started = time.perf_counter()
+        result = await self._guarded(
+            client, f.id, lambda: self.chat.send(client.user, f.to, f.cmid, f.body)
+        )
+        if result is None:
+            return
+        self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid,
+                             "mid": result.mid, "ts": result.ts})
+        self.metrics.send_latency.observe(time.perf_counter() - started)
+        push_sent(self.pusher, self.events, client.user, f.to, result, f.body,
+                  skip_conn=client.id)
+
+    async def _group_send(self, client: Client, f: p.GroupSend) -> None:
+        result = await self._guarded(
+            client, f.id, lambda: self.groups.send(client.user, f.group, f.cmid, f.body))
+        if result is None:
+            return
+        self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid, "mid": result.mid,
+                             "seq": result.seq, "ts": result.ts})
+        push_group_sent(self.pusher, self.events, client.user, f.group, result, f.body,
+                        skip_conn=client.id)
+
+    async def _read(self, client: Client, f: p.Read) -> None:
+        done = await self._guarded(
+            client, f.id, lambda: self.ops.read(client.user, f.conv, f.mid, client.id))
+        if done is not None:
+            self._reply(client, {"op": "ok", "re": f.id})
+
+    async def _recall(self, client: Client, f: p.Recall) -> None:
+        async def recall() -> bool:
+            await self.ops.recall(client.user, f.mid)
+            return True
+
+        if await self._guarded(client, f.id, recall):
+            self._reply(client, {"op": "ok", "re": f.id})
+
+    async def _presence_sub(self, client: Client, f: p.PresenceSub) -> None:
+        users = list(f.users)
+        if not f.watch:
+            self.ops.presence_unsub(client, users)
+            self._reply(client, {"op": "ok", "re": f.id})
+            return
+        state = await self._guarded(client, f.id,
+                                    lambda: self.ops.presence_sub(client, users, f.id))
+        if state is not None:
+            self._reply(client, {"op": "presence", "re": f.id, "users": state})
+
+    async def _typing(self, client: Client, f: p.Typing) -> None:
+        with contextlib.suppress(Unavailable):  # ephemeral: a lost one is no error
+            await self.ops.typing(client.user, client.id, f.conv)
+
+    async def _recv_ack(self, client: Client, f: p.RecvAck) -> None:
+        await self._guarded(client, f.id, lambda: self.chat.recv_ack(client.user, f.mids))
+
+    async def _join(self, client: Client, f: p.Join) -> None:
+        got = await self._guarded(client, f.id,
+                                  lambda: self.live.join(client, f.room, f.history, f.since))
+        if got is not None:
+            self._reply(client, {"op": "joined", "re": f.id, "room": f.room, **got})
+
+    async def _leave(self, client: Client, f: p.Leave) -> None:
+        async def leave() -> bool:
+            await self.live.leave(client, f.room)
+            return True
+
+        if await self._guarded(client, f.id, leave):
+            self._reply(client, {"op": "left", "re": f.id, "room": f.room})
+
+    # -- token lifetime --------------------------------------------------------
+    def _expired(self, client: Client) -> None:
+        """Its token expired (``ExpiryWheel``): close it with 4001."""
+        if client.ws.protocol.state is State.OPEN:
+            self.metrics.closed.labels("token_expired").inc()
+            task = asyncio.ensure_future(client.ws.close(TOKEN_EXPIRED, "token expired"))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _refresh(self, client: Client, f: p.Refresh) -> None:
+        """A new token for the same user moves the expiry; anything else (another
+        user's, a revoked one) is refused and the old expiry stands."""
+
+        async def check() -> Token:
+            checked = self.verifier.check(f.token)
+            if checked.user != client.user:
+                raise ProtocolError("unauthorized", "the token is for another user")
+            await self.moderation.admit(checked)
+            return checked
+
+        checked = await self._guarded(client, f.id, check)
+        if checked is None:
+            return
+        self._expiries.set(client, checked.exp)
+        client.iat = checked.iat or 0.0
+        self._reply(client, {"op": "ok", "re": f.id})
+
+    def _room_send(self, client: Client, f: p.RoomSend) -> None:
+        """No task per message: the reply is written when the broker confirms."""
+        try:
+            confirmed = self.live.send(client, f.room, f.body, f.prio)
+        except ProtocolError as err:
+            err.re = f.id
+            self._error(client, err)
+            return
+        ok = p.encode({"op": "ok", "re": f.id}) if f.id is not None else b'{"op":"ok"}'
+
+        def reply(fut: asyncio.Future[None]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                self.metrics.room_sends.labels("unavailable").inc()
+                self._error(client, ProtocolError(
+                    "unavailable", "the message was not taken (its position or the broker "
+                    "failed); other members may not get it", f.id))
+            else:
+                self._send_bytes(client, ok)
+
+        confirmed.add_done_callback(reply)
+
+    async def _guarded(self, client: Client, rid: object,
+                       call: Callable[[], Awaitable[T]]) -> T | None:
+        """Run ``call``; turn every failure into a protocol error for the client.
+
+        No timer per call: every stage is bounded by its driver's timeouts
+        (``IM_DEP_TIMEOUT_S``), and a timer per send cost ~10% of node CPU.
+        """
+        try:
+            return await call()
+        except ProtocolError as err:
+            err.re = rid
+            self._error(client, err)
+        except (Unavailable, TimeoutError) as exc:
+            log.warning("unavailable for %s: %s", client.user, exc)
+            self._error(client, ProtocolError(
+                "unavailable", "a dependency is down; nothing was stored, retry", rid))
+        except Exception:
+            log.exception("internal error")
+            self._error(client, ProtocolError("internal", "internal error", rid))
+        return None
+
+    # -- replies (never awaited; bounded like pushes) ------------------------
+    def _error(self, client: Client, err: ProtocolError) -> None:
+        self.metrics.errors.labels(err.code).inc()
+        self._send_bytes(client, p.error_frame(err))
+
+    def _reply(self, client: Client, frame: dict[str, object]) -> None:
+        if frame.get("re") is None:
+            frame.pop("re", None)
+        self._send_bytes(client, p.encode(frame))
+
+    def _send_bytes(self, client: Client, data: bytes) -> None:
+        """Queue a reply on the socket. A client that does not read while it
+        keeps asking would grow the node's memory: past ``IM_REPLY_BUFFER_MAX``
+        queued bytes its connection is dropped (it reconnects and syncs)."""
+        if client.write(data, self.settings.reply_buffer_max):
+            return
+        ws = client.ws
+        # Open but backed up (not a closed socket, nor one aborted a frame ago).
+        if wire.is_open(ws):
+            self.metrics.closed.labels("reply_backlog").inc()
+            wire.abort(ws)
+
+
+def _query_token(path: str) -> str | None:
+    values = parse_qs(urlsplit(path).query).get("token")
+    return values[0] if values else None

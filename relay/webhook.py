@@ -1,0 +1,348 @@
+"""Webhook relay (``python -m gateway events --webhook URL``): takes the events
+of ``{IM_NAMESPACE}.events`` (docs/protocol.md, Events out) from a durable
+queue of its own and POSTs each, body unchanged, to one HTTP(S) endpoint.
+
+Each POST carries ``X-Imgate-Event`` (the type: the routing key),
+``X-Imgate-Delivery`` (stable per event: the AMQP message id, else the hex
+SHA-256 of the body), ``X-Imgate-Attempt`` (1, 2, ...), ``X-Imgate-Timestamp``
+(unix seconds of this attempt) and ``X-Imgate-Signature``: ``sha256=`` + hex
+HMAC-SHA256(secret, f"{timestamp}." + body). A receiver recomputes it over
+the raw body, compares in constant time and refuses a timestamp far from its
+own clock, a replay (``verify`` does all three).
+
+One delivery at a time, in queue order, acked after a 2xx answer only.
+Connection errors, timeouts, 408, 429 and 5xx are retried with exponential
+backoff and jitter (0.5 s doubling, capped by ``--max-delay``; a numeric
+``Retry-After`` is honoured, capped too) up to ``--max-attempts``. A delivery
+being retried blocks the ones behind it: order is kept. Once the attempts are
+spent, or at once for any other answer (the receiver refused it), the event
+is published to ``{queue}.dead`` with ``x-imgate-*`` headers saying why, then
+acked. Delivery is at least once: one not acked when the relay stops or loses
+RabbitMQ is redelivered and POSTed again, with the same ``X-Imgate-Delivery``
+(receivers dedupe on it). A lost link moves to the next node of
+``IM_AMQP_URL`` (round robin; backoff once a whole round failed). SIGTERM or
+SIGINT: no new delivery is taken, an attempt in flight finishes (within
+``--timeout``), a pending retry is abandoned (redelivered later); exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import random
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import httpx
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+
+from router.amqp_urls import mask_password, parse_amqp_urls
+
+__all__ = ["MIN_SECRET", "Relay", "RelayConfig", "config_from", "delivery_id", "main", "sign",
+           "verify"]
+
+log = logging.getLogger("relay.webhook")
+MIN_SECRET = 16  # bytes
+FIRST_DELAY_S = 0.5
+RETRIED = frozenset({408, 429})  # and 5xx, and no answer at all (status 0)
+
+
+def sign(secret: bytes, timestamp: int, body: bytes) -> str:
+    """``X-Imgate-Signature`` of ``body`` sent at ``timestamp`` (unix seconds)."""
+    return "sha256=" + hmac.new(secret, f"{timestamp}.".encode() + body,
+                                hashlib.sha256).hexdigest()
+
+
+def verify(secret: bytes, timestamp: str, body: bytes, signature: str, *,
+           tolerance_s: float = 300, now: float | None = None) -> bool:
+    """A receiver's check: the signature matches and the timestamp is recent."""
+    try:
+        ts = int(timestamp)
+    except ValueError:
+        return False
+    if abs((time.time() if now is None else now) - ts) > tolerance_s:
+        return False
+    return hmac.compare_digest(sign(secret, ts, body), signature)
+
+
+def delivery_id(message_id: str | None, body: bytes) -> str:
+    return message_id or hashlib.sha256(body).hexdigest()
+
+
+def backoff(attempt: int, cap_s: float, retry_after: str | None = None) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (1, 2, ...)."""
+    if retry_after is not None and retry_after.strip().isdigit():
+        return min(float(retry_after.strip()), cap_s)
+    base = min(cap_s, FIRST_DELAY_S * 2 ** min(attempt - 1, 32))
+    return random.uniform(base / 2, base)
+
+
+def shown(url: httpx.URL) -> str:
+    """``url`` for logs: no credentials, no query (it may hold a token)."""
+    return f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}{url.path}"
+
+
+async def _wait_any(*events: asyncio.Event, within: float | None = None) -> bool:
+    """Until one of ``events`` is set (True) or ``within`` seconds passed (False)."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        done, _ = await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    return bool(done)
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    url: str
+    secret: bytes = field(repr=False)
+    amqp_urls: tuple[str, ...]
+    exchange: str
+    queue: str
+    binds: tuple[str, ...] = ("#",)
+    max_attempts: int = 10
+    max_delay_s: float = 30.0
+    timeout_s: float = 10.0
+    prefetch: int = 64
+    summary_s: float = 60.0
+
+
+class Relay:
+    """Consumes the relay's queue and POSTs each event (see the module's docstring)."""
+
+    def __init__(self, cfg: RelayConfig, client: httpx.AsyncClient) -> None:
+        self.cfg = cfg
+        self.client = client
+        self.shown_url = shown(httpx.URL(cfg.url))
+        self.stop = asyncio.Event()
+        self.delivered = self.retried = self.dead_lettered = 0
+        self.sessions = 0  # links that got as far as consuming
+        self._carry = ("", 0)  # (delivery, attempts made): counted on across a redelivery
+
+    def summary(self) -> str:
+        return (f"delivered={self.delivered} retried={self.retried} "
+                f"dead_lettered={self.dead_lettered}")
+
+    async def report(self) -> None:
+        """A summary line every ``summary_s`` seconds in which something happened."""
+        last = self.summary()
+        while True:
+            await asyncio.sleep(self.cfg.summary_s)
+            if (line := self.summary()) != last:
+                log.info("webhook: %s", line)
+                last = line
+
+    async def run(self) -> None:
+        """Until ``stop``: consume on one RabbitMQ node, on the next when it is lost."""
+        urls, index, failures, delay = self.cfg.amqp_urls, 0, 0, 0.2
+        while not self.stop.is_set():
+            url, sessions = urls[index], self.sessions
+            try:
+                conn = await aio_pika.connect(url, timeout=5)
+                try:
+                    await self._consume(conn, url)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.close(), 5)
+            except Exception as exc:  # noqa: BLE001 - any failure: the next node
+                log.warning("RabbitMQ at %s: %s: %s", mask_password(url), type(exc).__name__,
+                            str(exc).replace(url, mask_password(url)))
+            if self.stop.is_set():
+                break
+            index = (index + 1) % len(urls)
+            if self.sessions > sessions:
+                failures, delay = 0, 0.2
+                log.warning("RabbitMQ link to %s lost; unacked deliveries will be "
+                            "redelivered; trying %s", mask_password(url),
+                            mask_password(urls[index]))
+                continue
+            failures += 1
+            if failures % len(urls) == 0:
+                log.warning("no RabbitMQ node of %d answered; next round in %.1fs",
+                            len(urls), delay)
+                await _wait_any(self.stop, within=delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _consume(self, conn: AbstractConnection, url: str) -> None:
+        lost = asyncio.Event()
+        conn.close_callbacks.add(lambda *_: lost.set())
+        channel = await conn.channel(publisher_confirms=True)
+        channel.close_callbacks.add(lambda *_: lost.set())
+        await channel.set_qos(prefetch_count=self.cfg.prefetch)
+        exchange = await channel.declare_exchange(self.cfg.exchange,
+                                                  aio_pika.ExchangeType.TOPIC, durable=True)
+        queue = await channel.declare_queue(self.cfg.queue, durable=True)
+        await channel.declare_queue(self.cfg.queue + ".dead", durable=True)
+        for key in self.cfg.binds:
+            await queue.bind(exchange, routing_key=key)
+        inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        tag = await queue.consume(inbox.put)
+        self.sessions += 1
+        log.info("webhook: consuming %s (bound to %s: %s) on %s, posting to %s",
+                 self.cfg.queue, self.cfg.exchange, " ".join(self.cfg.binds),
+                 mask_password(url), self.shown_url)
+        while (message := await self._next(inbox, lost)) is not None:
+            await self._handle(message, channel, lost)
+        if not lost.is_set():  # stopping: take no more, then close (unacked go back)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(queue.cancel(tag), 2)
+
+    async def _next(self, inbox: asyncio.Queue[AbstractIncomingMessage],
+                    lost: asyncio.Event) -> AbstractIncomingMessage | None:
+        """The next delivery, or None once stopping or the link is lost."""
+        get = asyncio.ensure_future(inbox.get())
+        ended = asyncio.ensure_future(_wait_any(self.stop, lost))
+        await asyncio.wait([get, ended], return_when=asyncio.FIRST_COMPLETED)
+        ended.cancel()
+        if not get.done():
+            get.cancel()
+            return None
+        if self.stop.is_set() or lost.is_set():
+            return None  # taken, but unacked: redelivered
+        return get.result()
+
+    async def _handle(self, message: AbstractIncomingMessage, channel: AbstractChannel,
+                      lost: asyncio.Event) -> None:
+        body, event = message.body, message.routing_key or ""
+        did = delivery_id(message.message_id, body)
+        attempt = self._carry[1] if self._carry[0] == did else 0
+        while True:
+            attempt += 1
+            self._carry = (did, attempt)
+            status, why, retry_after = await self._post(body, event, did, attempt)
+            if 200 <= status < 300:
+                await message.ack()
+                self.delivered += 1
+                break
+            if status != 0 and status not in RETRIED and status < 500:  # refused
+                await self._dead_letter(message, channel, did, attempt, status, why)
+                break
+            if attempt >= self.cfg.max_attempts:
+                await self._dead_letter(message, channel, did, attempt, status,
+                                        f"{why}; gave up after {attempt} attempts")
+                break
+            delay = backoff(attempt, self.cfg.max_delay_s, retry_after)
+            self.retried += 1
+            log.warning("webhook: %s delivery %s attempt %d/%d failed (%s); retrying in %.2fs",
+                        event, did[:16], attempt, self.cfg.max_attempts, why, delay)
+            if await _wait_any(self.stop, lost, within=delay):
+                return  # abandoned: unacked, so redelivered (the count goes on)
+        self._carry = ("", 0)
+
+    async def _post(self, body: bytes, event: str, did: str,
+                    attempt: int) -> tuple[int, str, str | None]:
+        """(status, why, Retry-After): status 0 if no answer came (retried), -1
+        if the request could not be made at all (dead-lettered)."""
+        ts = int(time.time())
+        headers = {"Content-Type": "application/json", "User-Agent": "imgate-webhook",
+                   "X-Imgate-Event": event, "X-Imgate-Delivery": did,
+                   "X-Imgate-Attempt": str(attempt), "X-Imgate-Timestamp": str(ts),
+                   "X-Imgate-Signature": sign(self.cfg.secret, ts, body)}
+        try:
+            response = await self.client.post(self.cfg.url, content=body, headers=headers)
+        except httpx.TransportError as exc:  # refused, reset, timed out...
+            return 0, type(exc).__name__, None
+        except Exception as exc:  # noqa: BLE001 - e.g. a header that cannot be sent
+            return -1, f"not sent: {type(exc).__name__}", None
+        return response.status_code, f"HTTP {response.status_code}", \
+            response.headers.get("retry-after")
+
+    async def _dead_letter(self, message: AbstractIncomingMessage, channel: AbstractChannel,
+                           did: str, attempts: int, status: int, why: str) -> None:
+        """To ``{queue}.dead`` (confirmed), then acked."""
+        headers: dict[str, Any] = {**(message.headers or {}), "x-imgate-reason": why,
+                                   "x-imgate-attempts": attempts, "x-imgate-status": status,
+                                   "x-imgate-event": message.routing_key or "",
+                                   "x-imgate-delivery": did,
+                                   "x-imgate-failed-at": int(time.time() * 1000)}
+        dead = aio_pika.Message(message.body, headers=headers, message_id=message.message_id,
+                                content_type=message.content_type or "application/json",
+                                delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        await channel.default_exchange.publish(dead, routing_key=self.cfg.queue + ".dead",
+                                               timeout=10)
+        await message.ack()
+        self.dead_lettered += 1
+        log.error("webhook: %s delivery %s dead-lettered to %s.dead after %d attempt(s): %s",
+                  message.routing_key, did[:16], self.cfg.queue, attempts, why)
+
+
+class ConfigError(ValueError):
+    """A setting of the relay that cannot be used (one line, for the operator)."""
+
+
+def config_from(args: argparse.Namespace, env: Mapping[str, str], *, namespace: str,
+                amqp_url: str) -> RelayConfig:
+    """The relay's settings (``namespace`` and ``amqp_url``: the nodes' own, as
+    checked by ``gateway.config``); ``ConfigError`` if one cannot be used."""
+    try:
+        secret = (Path(args.secret_file).read_bytes().rstrip(b"\r\n") if args.secret_file
+                  else env.get("IM_WEBHOOK_SECRET", "").encode())
+    except OSError as exc:
+        raise ConfigError(f"--secret-file {args.secret_file}: {exc.strerror}") from None
+    if not secret:
+        raise ConfigError("no webhook secret: set IM_WEBHOOK_SECRET or give --secret-file PATH "
+                          f"(at least {MIN_SECRET} bytes)")
+    if len(secret) < MIN_SECRET:
+        where = f"--secret-file {args.secret_file}" if args.secret_file else "IM_WEBHOOK_SECRET"
+        raise ConfigError(f"the webhook secret ({where}) is {len(secret)} bytes: it must be "
+                          f"at least {MIN_SECRET}")
+    try:
+        url = httpx.URL(args.webhook)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        url = httpx.URL("invalid:")
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError("--webhook must be an http:// or https:// URL with a host")
+    queue, binds = args.queue or f"{namespace}.webhook", tuple(args.bind or ["#"])
+    if args.max_attempts < 1 or not 1 <= args.prefetch <= 65_535:
+        raise ConfigError("--max-attempts must be at least 1, --prefetch in 1..65535")
+    if not min(args.max_delay, args.timeout, args.summary_every) > 0:
+        raise ConfigError("--max-delay, --timeout and --summary-every must be positive")
+    if not 0 < len(queue.encode()) <= 250 or not all(binds):
+        raise ConfigError("--queue must be 1-250 bytes, and --bind patterns not empty")
+    return RelayConfig(str(url), secret, tuple(parse_amqp_urls(amqp_url)),
+                       f"{namespace}.events", queue, binds, args.max_attempts,
+                       args.max_delay, args.timeout, args.prefetch, args.summary_every)
+
+
+def main(args: argparse.Namespace, env: Mapping[str, str], *, namespace: str,
+         amqp_url: str) -> int:
+    try:
+        cfg = config_from(args, env, namespace=namespace, amqp_url=amqp_url)
+    except ValueError as exc:
+        print(f"gateway: events: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request, URL included
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)  # tracebacks: run() logs a line
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
+        return asyncio.run(_run(cfg))
+    return uvloop.run(_run(cfg))
+
+
+async def _run(cfg: RelayConfig) -> int:
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=30)
+    async with httpx.AsyncClient(timeout=cfg.timeout_s, limits=limits) as client:
+        relay = Relay(cfg, client)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, relay.stop.set)
+        reporter = asyncio.create_task(relay.report())
+        try:
+            await relay.run()
+        finally:
+            reporter.cancel()
+            log.info("webhook: stopped: %s", relay.summary())
+    return 0
