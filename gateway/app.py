@@ -28,6 +28,7 @@ from gateway.chat.conversations import Conversations
 from gateway.chat.ops import MessageOps
 from gateway.chat.service import ChatService
 from gateway.config import Settings
+from gateway.delivery import Replay
 from gateway.events import Events
 from gateway.feed.fanout import TimelineFanout
 from gateway.feed.service import FeedService, feed_frame
@@ -47,7 +48,7 @@ from gateway.presence.watch import PresenceQuery, PresenceWatch
 from gateway.protocol import encode
 from gateway.rooms.hub import RoomHub, RoomLimits
 from gateway.rooms.service import LiveRooms
-from gateway.ws.registry import Registry, Replay
+from gateway.ws.registry import Registry
 from gateway.ws.session import Sessions
 from router import Router, make_broker
 from router.routing import parse_key

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -20,6 +21,13 @@ from gateway.errors import ProtocolError
 
 __all__ = [
     "ID_PATTERN",
+    "OPS",
+    "Frame",
+    "Op",
+    "PresenceSub",
+    "Recall",
+    "Typing",
+    "parse",
     "GroupSend",
     "Join",
     "Leave",
@@ -198,7 +206,7 @@ def _parse_room_send(obj: dict[str, Any], rid: object, max_body: int) -> RoomSen
     return RoomSend(rid, room, _body(obj, max_body, rid), int(prio))
 
 
-def _parse_join(obj: dict[str, Any], rid: object) -> Join:
+def _parse_join(obj: dict[str, Any], rid: object, max_body: int) -> Join:
     room = check_id(obj.get("room"), "room", rid)
     history = obj.get("history", 0)
     if not isinstance(history, int) or isinstance(history, bool) \
@@ -217,14 +225,14 @@ def _parse_join(obj: dict[str, Any], rid: object) -> Join:
     return Join(rid, room, history, (epoch, pos))
 
 
-def _parse_recv_ack(obj: dict[str, Any], rid: object) -> RecvAck:
+def _parse_recv_ack(obj: dict[str, Any], rid: object, max_body: int) -> RecvAck:
     mids = obj.get("mids")
     if not isinstance(mids, list) or not mids or len(mids) > MAX_RECV_ACK:
         raise ProtocolError("bad_request", f"mids must be a list of 1..{MAX_RECV_ACK} mids", rid)
     return RecvAck(rid, tuple(check_mid(m, "mids[]", rid) for m in mids))
 
 
-def _parse_read(obj: dict[str, Any], rid: object) -> Read:
+def _parse_read(obj: dict[str, Any], rid: object, max_body: int) -> Read:
     conv = check_id(obj.get("conv"), "conv", rid)
     return Read(rid, conv, check_mid(obj.get("mid"), "mid", rid))
 
@@ -291,8 +299,97 @@ def _has_lone_surrogate(value: object) -> bool:
     return False
 
 
-def parse_frame(data: str | bytes, max_body: int) -> Frame:
-    """Decode and validate one client frame."""
+def _parse_leave(obj: dict[str, Any], rid: object, max_body: int) -> Leave:
+    return Leave(rid, check_id(obj.get("room"), "room", rid))
+
+
+def _parse_recall(obj: dict[str, Any], rid: object, max_body: int) -> Recall:
+    return Recall(rid, check_mid(obj.get("mid"), "mid", rid))
+
+
+def _parse_typing(obj: dict[str, Any], rid: object, max_body: int) -> Typing:
+    return Typing(rid, check_id(obj.get("conv"), "conv", rid))
+
+
+def _parse_ping(obj: dict[str, Any], rid: object, max_body: int) -> Ping:
+    return Ping(rid)
+
+
+def _parse_presence(watch: bool) -> Parser:
+    def parse(obj: dict[str, Any], rid: object, max_body: int) -> PresenceSub:
+        users = obj.get("users")
+        if not isinstance(users, list) or not 0 < len(users) <= MAX_PRESENCE_USERS:
+            raise ProtocolError("bad_request", f"users must be a list of 1-{MAX_PRESENCE_USERS}"
+                                " user ids", rid)
+        return PresenceSub(rid, tuple(check_id(u, "users", rid) for u in users), watch)
+
+    return parse
+
+
+def _parse_refresh(obj: dict[str, Any], rid: object, max_body: int) -> Refresh:
+    token = obj.get("token")
+    if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN:
+        raise ProtocolError("bad_request", f"token must be a string of 1-{MAX_TOKEN} "
+                            "characters", rid)
+    return Refresh(rid, token)
+
+
+def _recv_ack_cost(frame: Frame) -> float:
+    """One op token, and one more per ``RECV_ACK_MIDS_PER_TOKEN`` mids."""
+    assert isinstance(frame, RecvAck)
+    return 1 + len(frame.mids) // RECV_ACK_MIDS_PER_TOKEN
+
+
+Parser = Callable[[dict[str, Any], object, int], Frame]  # (frame object, request id, max body)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One client op, as the parser, the session core and the session see it.
+
+    - ``parse``: validates the frame object into a frame (``ProtocolError``
+      otherwise).
+    - ``run``: ``task``: the session runs its handler as a task (at most
+      ``IM_MAX_INFLIGHT`` per connection; the reader waits beyond);
+      ``now``: its handler runs at once, with no task (``room_send``: no
+      task per message); ``core``: the session core answers it (``ping``).
+    - ``budget``: every frame spends op tokens (``cost``, 1 by default);
+      ``send`` ops also spend from the connection's send budget.
+
+    The session serves op ``name`` with its method ``op_<name>``; a row
+    without one fails the node at start (and a unit test).
+    """
+
+    name: str
+    parse: Parser
+    run: Literal["task", "now", "core"] = "task"
+    budget: Literal["op", "send"] = "op"
+    cost: Callable[[Frame], float] | None = None
+
+
+RECV_ACK_MIDS_PER_TOKEN = 10  # one recv_ack of 1,000 mids costs 101 op tokens
+
+# The client ops (docs/protocol.md). Adding an op: a frame class above, a row
+# here, and the session's ``op_<name>`` handler.
+OPS: dict[str, Op] = {op.name: op for op in (
+    Op("send", _parse_send, budget="send"),
+    Op("group_send", _parse_group_send, budget="send"),
+    Op("recv_ack", _parse_recv_ack, cost=_recv_ack_cost),
+    Op("read", _parse_read),
+    Op("ping", _parse_ping, run="core"),
+    Op("join", _parse_join),
+    Op("leave", _parse_leave),
+    Op("room_send", _parse_room_send, run="now"),
+    Op("recall", _parse_recall),
+    Op("typing", _parse_typing),
+    Op("presence_sub", _parse_presence(True)),
+    Op("presence_unsub", _parse_presence(False)),
+    Op("refresh", _parse_refresh),
+)}
+
+
+def parse(data: str | bytes, max_body: int) -> tuple[Op, Frame]:
+    """Decode and validate one client frame: its op's row and the frame."""
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -300,43 +397,18 @@ def parse_frame(data: str | bytes, max_body: int) -> Frame:
     if not isinstance(obj, dict):
         raise ProtocolError("bad_request", "frame must be a JSON object")
     rid = _request_id(obj)
-    op = obj.get("op")
-    if op == "send":
-        return _parse_send(obj, rid, max_body)
-    if op == "recv_ack":
-        return _parse_recv_ack(obj, rid)
-    if op == "read":
-        return _parse_read(obj, rid)
-    if op == "ping":
-        return Ping(rid)
-    if op == "group_send":
-        return _parse_group_send(obj, rid, max_body)
-    if op == "join":
-        return _parse_join(obj, rid)
-    if op == "leave":
-        return Leave(rid, check_id(obj.get("room"), "room", rid))
-    if op == "room_send":
-        return _parse_room_send(obj, rid, max_body)
-    if op == "recall":
-        return Recall(rid, check_mid(obj.get("mid"), "mid", rid))
-    if op == "typing":
-        return Typing(rid, check_id(obj.get("conv"), "conv", rid))
-    if op in ("presence_sub", "presence_unsub"):
-        users = obj.get("users")
-        if not isinstance(users, list) or not 0 < len(users) <= MAX_PRESENCE_USERS:
-            raise ProtocolError("bad_request", f"users must be a list of 1-{MAX_PRESENCE_USERS}"
-                                " user ids", rid)
-        return PresenceSub(rid, tuple(check_id(u, "users", rid) for u in users),
-                           op == "presence_sub")
-    if op == "refresh":
-        token = obj.get("token")
-        if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN:
-            raise ProtocolError("bad_request", f"token must be a string of 1-{MAX_TOKEN} "
-                                "characters", rid)
-        return Refresh(rid, token)
-    if not isinstance(op, str):
-        raise ProtocolError("bad_request", "op is required and must be a string", rid)
-    raise ProtocolError("bad_request", f"unknown op {op[:32]!r}", rid)
+    name = obj.get("op")
+    op = OPS.get(name) if isinstance(name, str) else None
+    if op is None:
+        if not isinstance(name, str):
+            raise ProtocolError("bad_request", "op is required and must be a string", rid)
+        raise ProtocolError("bad_request", f"unknown op {name[:32]!r}", rid)
+    return op, op.parse(obj, rid, max_body)
+
+
+def parse_frame(data: str | bytes, max_body: int) -> Frame:
+    """Decode and validate one client frame (``parse`` without the row)."""
+    return parse(data, max_body)[1]
 
 
 def encode(frame: dict[str, Any]) -> bytes:

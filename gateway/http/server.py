@@ -22,6 +22,7 @@ from fastapi.security import APIKeyHeader
 from pydantic import Field, StrictInt
 
 from gateway.chat.service import ChatService
+from gateway.delivery import Pusher, push_group_sent, push_sent
 from gateway.events import Events
 from gateway.groups.service import GroupService
 from gateway.http.common import UserList, user_list
@@ -29,7 +30,6 @@ from gateway.http.models import Id, Ok, UserId, _Body, errors
 from gateway.moderation import MAX_BAN_S, Moderation
 from gateway.protocol import encode_body
 from gateway.rooms.service import LiveRooms
-from gateway.ws.session import Pusher, push_group_sent, push_sent
 
 __all__ = ["API_KEY_HEADER", "ServerDeps", "install_server_api"]
 

@@ -4,8 +4,8 @@ Like websockets' ``protocol.py``, this core is fed what the socket received
 (``receive``) and answers with what to do; the asyncio layer only carries
 it out. It parses and validates the frame, counts bad frames (closing the
 connection at the limit), spends the connection's budgets, answers pings,
-and says which ops run as tasks and which are handled at once. The clock is
-passed in.
+and says which ops run as tasks and which are handled at once, all as the
+op table (``gateway.protocol.OPS``) says. The clock is passed in.
 
 Budgets (token buckets, per connection): every frame spends from the op
 budget (``recv_ack`` one token per ``RECV_ACK_MIDS_PER_TOKEN`` mids more),
@@ -18,8 +18,9 @@ Actions, in the order they are to be carried out:
 - ``Accepted(op)``: a valid frame arrived (the ``frames_in`` metric's label);
 - ``Reply(data, error)``: write these bytes; ``error`` is the protocol error
   code when they are an error frame (the ``errors`` metric's label);
-- ``Spawn(frame)``: run the op as a task (bounded per connection by the driver);
-- ``Inline(frame)``: handle the op at once, no task (``room_send``, ``refresh``, ``typing``);
+- ``Spawn(op, frame)``: run op ``op``'s handler as a task (bounded per
+  connection by the driver);
+- ``Inline(op, frame)``: run op ``op``'s handler at once, no task (``room_send``);
 - ``Close(code, reason, why)``: close the connection; ``why`` labels the metric.
 """
 
@@ -40,18 +41,13 @@ __all__ = [
     "SessionCore",
     "SessionLimits",
     "Spawn",
-    "TaskFrame",
 ]
 
 # RFC 6455 7.4.1: "1008 indicates that an endpoint is terminating the
 # connection because it has received a message that violates its policy."
 POLICY_VIOLATION = 1008
 
-TaskFrame = (p.Send | p.GroupSend | p.Read | p.RecvAck | p.Join | p.Leave | p.Recall
-             | p.PresenceSub)
-
-
-RECV_ACK_MIDS_PER_TOKEN = 10  # one recv_ack of 1,000 mids costs 101 op tokens
+RECV_ACK_MIDS_PER_TOKEN = p.RECV_ACK_MIDS_PER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,16 +81,18 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Spawn:
-    """Run this op as a task."""
+    """Run op ``op``'s handler on ``frame`` as a task."""
 
-    frame: TaskFrame
+    op: str
+    frame: p.Frame
 
 
 @dataclass(frozen=True, slots=True)
 class Inline:
-    """Handle this op at once, without a task."""
+    """Run op ``op``'s handler on ``frame`` at once, without a task."""
 
-    frame: p.RoomSend | p.Refresh | p.Typing
+    op: str
+    frame: p.Frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,14 +135,14 @@ class SessionCore:
 
     def _receive(self, data: str | bytes, now: float) -> list[Action]:
         try:
-            frame = p.parse_frame(data, self.limits.max_body)
+            op, frame = p.parse(data, self.limits.max_body)
         except ProtocolError as err:
             if not self._ops.take(now):
                 return self._over_budget(err.re, now)
             return self._refuse(err)
-        if not self._ops.take(now, _cost(frame)):
+        if not self._ops.take(now, 1 if op.cost is None else op.cost(frame)):
             return self._over_budget(frame.id, now)
-        return [Accepted(type(frame).__name__.lower()), self._dispatch(frame, now)]
+        return [Accepted(type(frame).__name__.lower()), self._dispatch(op, frame, now)]
 
     def _over_budget(self, rid: object, now: float, what: str = "frames") -> list[Action]:
         """``rate_limited``; or, for a connection that keeps flooding, close 1008."""
@@ -153,24 +151,15 @@ class SessionCore:
                           "flood")]
         return [_error(ProtocolError("rate_limited", f"too many {what}; slow down", rid))]
 
-    def _dispatch(self, frame: p.Frame, now: float) -> Action:
-        if isinstance(frame, p.Send | p.GroupSend):
-            if not self._bucket.take(now):
-                if not self._refusals.take(now):
-                    return Close(POLICY_VIOLATION, "flooding: too many sends over the budget",
-                                 "flood")
-                return _error(ProtocolError("rate_limited", "too many sends", frame.id))
-            return Spawn(frame)
-        if isinstance(frame, p.Ping):
+    def _dispatch(self, op: p.Op, frame: p.Frame, now: float) -> Action:
+        if op.budget == "send" and not self._bucket.take(now):
+            if not self._refusals.take(now):
+                return Close(POLICY_VIOLATION, "flooding: too many sends over the budget",
+                             "flood")
+            return _error(ProtocolError("rate_limited", "too many sends", frame.id))
+        if op.run == "core":  # ping: the only op the core answers itself
             return Reply(_pong(frame.id))
-        if isinstance(frame, p.Read | p.RecvAck | p.Join | p.Leave | p.Recall | p.PresenceSub):
-            return Spawn(frame)
-        if isinstance(frame, p.RoomSend | p.Refresh | p.Typing):
-            return Inline(frame)
-        # Every op parse_frame accepts is served above; a new one must be added here.
-        name = type(frame).__name__
-        return _error(ProtocolError("bad_request", f"op {name} is not served",
-                                    getattr(frame, "id", None)))
+        return Spawn(op.name, frame) if op.run == "task" else Inline(op.name, frame)
 
     def _refuse(self, err: ProtocolError) -> list[Action]:
         actions: list[Action] = [_error(err)]
@@ -178,13 +167,6 @@ class SessionCore:
         if self._bad_frames >= self.limits.bad_frame_limit:
             actions.append(Close(POLICY_VIOLATION, "too many bad frames", "bad_frames"))
         return actions
-
-
-def _cost(frame: p.Frame) -> float:
-    """Op tokens one frame spends: 1, and for ``recv_ack`` its mids' share."""
-    if isinstance(frame, p.RecvAck):
-        return 1 + len(frame.mids) // RECV_ACK_MIDS_PER_TOKEN
-    return 1
 
 
 def _error(err: ProtocolError) -> Reply:

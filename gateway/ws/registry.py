@@ -10,22 +10,19 @@ after the next heartbeat that finds Redis lost its data.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
 from core.batcher import Batcher
 from core.errors import Unavailable
-from core.ids import mid_for_time_ms
 from gateway.groups.membership import GroupPresence
 from gateway.hub import Client, Hub
-from gateway.metrics import NodeMetrics
 from gateway.presence.subs import PresenceSubs
 from gateway.presence.watch import PresenceWatch
 from gateway.rooms.service import LiveRooms
-from store.ports import OfflineStore, RouteStore
+from store.ports import RouteStore
 
-__all__ = ["Registry", "Replay"]
+__all__ = ["Registry"]
 
 log = logging.getLogger("gateway.ws.registry")
 RouteOp = tuple[bool, str, int]  # (add?, user, connection id)
@@ -93,39 +90,3 @@ class Registry:
 
     async def close(self) -> None:
         await self._ops.close()
-
-
-class Replay:
-    """After a broker outage: pushes may have been lost meanwhile, so local users
-    get their offline entries since then again (clients drop repeats by mid)."""
-
-    def __init__(self, hub: Hub, offline: OfflineStore, metrics: NodeMetrics) -> None:
-        self.hub = hub
-        self.offline = offline
-        self.metrics = metrics
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def resumed(self, lost_at: float) -> None:
-        """The broker link is back (``Router``'s ``on_resume``)."""
-        since = mid_for_time_ms(int((lost_at - 2.0) * 1000))
-        task = asyncio.create_task(self._replay(list(self.hub.users), since))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _replay(self, users: list[str], since: int) -> None:
-        for i in range(0, len(users), 500):
-            chunk = users[i:i + 500]
-            try:
-                frames = await self.offline.recent(chunk, since, 200)
-            except Unavailable as exc:
-                log.warning("replay after broker outage failed: %s", exc)
-                return
-            for user, rows in zip(chunk, frames, strict=True):
-                for frame in rows:
-                    self.hub.deliver_to_user(user, frame, None)
-        self.metrics.replays.inc()
-
-    async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)

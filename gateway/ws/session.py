@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import Protocol, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
@@ -31,11 +31,12 @@ from gateway import wire
 from gateway.auth import Token, TokenVerifier, bearer_token
 from gateway.chat.conversations import Conversations
 from gateway.chat.ops import MessageOps
-from gateway.chat.service import ChatService, SendResult
+from gateway.chat.service import ChatService
 from gateway.config import Settings
+from gateway.delivery import Pusher, push_group_sent, push_sent
 from gateway.errors import ProtocolError
 from gateway.events import Events
-from gateway.groups.service import GroupSendResult, GroupService
+from gateway.groups.service import GroupService
 from gateway.hub import Client
 from gateway.metrics import NodeMetrics
 from gateway.moderation import CLOSED_BY_SERVER, Moderation
@@ -44,52 +45,13 @@ from gateway.ws import core as sc
 from gateway.ws.expiry import ExpiryWheel
 from gateway.ws.registry import Registry
 
-__all__ = ["Pusher", "Sessions", "push_group_sent", "push_sent"]
+__all__ = ["Sessions"]
 
 log = logging.getLogger("gateway.ws.session")
 T = TypeVar("T")
 YIELD_EVERY = 16  # frames read from one socket before the loop serves the others
 _HANDSHAKE_DONE = Request("/ws", Headers())
 TOKEN_EXPIRED = 4001  # docs/protocol.md: close codes 4000-4099 are the gateway's
-
-
-class Pusher(Protocol):
-    """``router.Router``, as a session sees it: pushes after an ack."""
-
-    def push(self, user: str, frame: bytes, routes: dict[str, str] | None,
-             skip_conn: int | None = None) -> None: ...
-
-    def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None
-                      ) -> None: ...
-
-    def is_alive(self, node: str, now: float) -> bool: ...
-
-
-def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, result: SendResult,
-              body: bytes, skip_conn: int | None = None) -> None:
-    """After a 1:1 ack: the message to the receiver's devices and the sender's
-    others (nothing for a duplicate), and ``offline.msg`` when the receiver has
-    no device on a live node. The WebSocket and the server API share it."""
-    if result.frame is None:
-        return
-    pusher.push(to, result.frame, result.receiver_routes)
-    pusher.push(sender, result.frame, result.sender_routes, skip_conn=skip_conn)
-    if events is not None:
-        now = time.time()
-        if not any(pusher.is_alive(n, now) for n in (result.receiver_routes or {}).values()):
-            events.offline_msg(to, result.mid, sender, sender, body)
-
-
-def push_group_sent(pusher: Pusher, events: Events | None, sender: str, group: str,
-                    result: GroupSendResult, body: bytes, skip_conn: int | None = None) -> None:
-    """After a group ack: one envelope per node bound to the group (nothing for a
-    duplicate), and the group's events (``offline.msg`` for its offline members
-    or one ``offline.group``, found by the events worker, not here)."""
-    if result.frame is None:
-        return
-    pusher.publish_group(group, result.frame, skip_conn=skip_conn)
-    if events is not None:
-        events.group_msg(group, result.mid, result.seq, sender, body, diffused=result.diffused)
 
 
 class Sessions:
@@ -120,6 +82,10 @@ class Sessions:
             settings.max_body, settings.bad_frame_limit, settings.send_rate,
             settings.send_burst, op_rate=settings.op_rate, op_burst=settings.op_burst,
             refuse_rate=settings.refuse_rate, refuse_burst=settings.refuse_burst)
+        # Op name -> its handler, ``op_<name>`` (gateway.protocol.OPS): a row
+        # without one fails here, at start, not at its first frame.
+        self._handlers: dict[str, Callable[[Client, Any], Awaitable[None] | None]] = {
+            name: getattr(self, f"op_{name}") for name, op in p.OPS.items() if op.run != "core"}
 
     # -- handshake -----------------------------------------------------------
     async def process_request(self, conn: ServerConnection, request: Request
@@ -201,31 +167,11 @@ class Sessions:
                 self.metrics.errors.labels(action.error).inc()
             self._send_bytes(client, action.data)
         elif isinstance(action, sc.Spawn):
-            await self._spawn(client, self._run(client, action.frame))
+            work = self._handlers[action.op](client, action.frame)
+            assert work is not None  # a task op's handler is a coroutine function
+            await self._spawn(client, work)
         elif isinstance(action, sc.Inline):
-            if isinstance(action.frame, p.Refresh):
-                await self._spawn(client, self._refresh(client, action.frame))
-            elif isinstance(action.frame, p.Typing):
-                await self._spawn(client, self._typing(client, action.frame))
-            else:
-                self._room_send(client, action.frame)
-
-    def _run(self, client: Client, f: sc.TaskFrame) -> Awaitable[None]:
-        if isinstance(f, p.Send):
-            return self._send(client, f)
-        if isinstance(f, p.GroupSend):
-            return self._group_send(client, f)
-        if isinstance(f, p.Read):
-            return self._read(client, f)
-        if isinstance(f, p.RecvAck):
-            return self._recv_ack(client, f)
-        if isinstance(f, p.Join):
-            return self._join(client, f)
-        if isinstance(f, p.Recall):
-            return self._recall(client, f)
-        if isinstance(f, p.PresenceSub):
-            return self._presence_sub(client, f)
-        return self._leave(client, f)
+            self._handlers[action.op](client, action.frame)
 
     async def _spawn(self, client: Client, work: Awaitable[None]) -> None:
         tasks = client.tasks
@@ -238,7 +184,7 @@ class Sessions:
         task.add_done_callback(tasks.discard)
 
     # -- ops -----------------------------------------------------------------
-    async def _send(self, client: Client, f: p.Send) -> None:
+    async def op_send(self, client: Client, f: p.Send) -> None:
         started = time.perf_counter()
         result = await self._guarded(
             client, f.id, lambda: self.chat.send(client.user, f.to, f.cmid, f.body)
@@ -251,7 +197,7 @@ class Sessions:
         push_sent(self.pusher, self.events, client.user, f.to, result, f.body,
                   skip_conn=client.id)
 
-    async def _group_send(self, client: Client, f: p.GroupSend) -> None:
+    async def op_group_send(self, client: Client, f: p.GroupSend) -> None:
         result = await self._guarded(
             client, f.id, lambda: self.groups.send(client.user, f.group, f.cmid, f.body))
         if result is None:
@@ -261,13 +207,13 @@ class Sessions:
         push_group_sent(self.pusher, self.events, client.user, f.group, result, f.body,
                         skip_conn=client.id)
 
-    async def _read(self, client: Client, f: p.Read) -> None:
+    async def op_read(self, client: Client, f: p.Read) -> None:
         done = await self._guarded(
             client, f.id, lambda: self.ops.read(client.user, f.conv, f.mid, client.id))
         if done is not None:
             self._reply(client, {"op": "ok", "re": f.id})
 
-    async def _recall(self, client: Client, f: p.Recall) -> None:
+    async def op_recall(self, client: Client, f: p.Recall) -> None:
         async def recall() -> bool:
             await self.ops.recall(client.user, f.mid)
             return True
@@ -275,31 +221,31 @@ class Sessions:
         if await self._guarded(client, f.id, recall):
             self._reply(client, {"op": "ok", "re": f.id})
 
-    async def _presence_sub(self, client: Client, f: p.PresenceSub) -> None:
+    async def op_presence_sub(self, client: Client, f: p.PresenceSub) -> None:
         users = list(f.users)
-        if not f.watch:
-            self.ops.presence_unsub(client, users)
-            self._reply(client, {"op": "ok", "re": f.id})
-            return
         state = await self._guarded(client, f.id,
                                     lambda: self.ops.presence_sub(client, users, f.id))
         if state is not None:
             self._reply(client, {"op": "presence", "re": f.id, "users": state})
 
-    async def _typing(self, client: Client, f: p.Typing) -> None:
+    async def op_presence_unsub(self, client: Client, f: p.PresenceSub) -> None:
+        self.ops.presence_unsub(client, list(f.users))
+        self._reply(client, {"op": "ok", "re": f.id})
+
+    async def op_typing(self, client: Client, f: p.Typing) -> None:
         with contextlib.suppress(Unavailable):  # ephemeral: a lost one is no error
             await self.ops.typing(client.user, client.id, f.conv)
 
-    async def _recv_ack(self, client: Client, f: p.RecvAck) -> None:
+    async def op_recv_ack(self, client: Client, f: p.RecvAck) -> None:
         await self._guarded(client, f.id, lambda: self.chat.recv_ack(client.user, f.mids))
 
-    async def _join(self, client: Client, f: p.Join) -> None:
+    async def op_join(self, client: Client, f: p.Join) -> None:
         got = await self._guarded(client, f.id,
                                   lambda: self.live.join(client, f.room, f.history, f.since))
         if got is not None:
             self._reply(client, {"op": "joined", "re": f.id, "room": f.room, **got})
 
-    async def _leave(self, client: Client, f: p.Leave) -> None:
+    async def op_leave(self, client: Client, f: p.Leave) -> None:
         async def leave() -> bool:
             await self.live.leave(client, f.room)
             return True
@@ -315,7 +261,7 @@ class Sessions:
             task = asyncio.ensure_future(client.ws.close(TOKEN_EXPIRED, "token expired"))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    async def _refresh(self, client: Client, f: p.Refresh) -> None:
+    async def op_refresh(self, client: Client, f: p.Refresh) -> None:
         """A new token for the same user moves the expiry; anything else (another
         user's, a revoked one) is refused and the old expiry stands."""
 
@@ -333,7 +279,7 @@ class Sessions:
         client.iat = checked.iat or 0.0
         self._reply(client, {"op": "ok", "re": f.id})
 
-    def _room_send(self, client: Client, f: p.RoomSend) -> None:
+    def op_room_send(self, client: Client, f: p.RoomSend) -> None:
         """No task per message: the reply is written when the broker confirms."""
         try:
             confirmed = self.live.send(client, f.room, f.body, f.prio)

@@ -85,9 +85,9 @@ def test_limit_of_one_closes_on_the_first_bad_frame():
 
 def test_send_and_group_send_spawn_with_their_op_labels():
     c = core()
-    assert c.receive(SEND, 100.0) == [Accepted("send"), Spawn(p.Send(1, "bob", "c1", b"\"hi\""))]
+    assert c.receive(SEND, 100.0) == [Accepted("send"), Spawn("send", p.Send(1, "bob", "c1", b"\"hi\""))]
     assert c.receive(GROUP_SEND, 100.0) == [Accepted("groupsend"),
-                                            Spawn(p.GroupSend(2, "g1", "c2", b"\"hi\""))]
+                                            Spawn("group_send", p.GroupSend(2, "g1", "c2", b"\"hi\""))]
 
 
 def test_sends_share_one_bucket_and_are_refused_when_it_is_empty():
@@ -98,7 +98,7 @@ def test_sends_share_one_bucket_and_are_refused_when_it_is_empty():
                                       error_reply("rate_limited", "too many sends", 1)]
     assert c.receive(GROUP_SEND, 100.0)[1] == error_reply("rate_limited", "too many sends", 2)
     assert c.bad_frames == 0  # a refused send is not a bad frame
-    assert c.receive(SEND, 100.5) == [Accepted("send"), Spawn(p.Send(1, "bob", "c1", b"\"hi\""))]
+    assert c.receive(SEND, 100.5) == [Accepted("send"), Spawn("send", p.Send(1, "bob", "c1", b"\"hi\""))]
     assert isinstance(c.receive(SEND, 100.5)[1], Reply)
 
 
@@ -121,21 +121,28 @@ def test_room_send_is_inline_and_takes_no_send_token():
     c = core(SessionLimits(64, 3, 1.0, 0))  # no send tokens at all
     frame = '{"op":"room_send","id":5,"room":"r","body":"x","prio":1}'
     assert c.receive(frame, 100.0) == [Accepted("roomsend"),
-                                       Inline(p.RoomSend(5, "r", b"\"x\"", 1))]
+                                       Inline("room_send", p.RoomSend(5, "r", b"\"x\"", 1))]
 
 
 # -- the other ops ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("data", "op", "frame"), [
-    ('{"op":"read","id":1,"conv":"bob","mid":5}', "read", p.Read(1, "bob", 5)),
-    ('{"op":"recv_ack","mids":[1,2]}', "recvack", p.RecvAck(None, (1, 2))),
-    ('{"op":"join","id":"j","room":"r"}', "join", p.Join("j", "r")),
-    ('{"op":"leave","room":"r"}', "leave", p.Leave(None, "r")),
+@pytest.mark.parametrize(("data", "op", "label", "frame"), [
+    ('{"op":"read","id":1,"conv":"bob","mid":5}', "read", "read", p.Read(1, "bob", 5)),
+    ('{"op":"recv_ack","mids":[1,2]}', "recv_ack", "recvack", p.RecvAck(None, (1, 2))),
+    ('{"op":"join","id":"j","room":"r"}', "join", "join", p.Join("j", "r")),
+    ('{"op":"leave","room":"r"}', "leave", "leave", p.Leave(None, "r")),
+    ('{"op":"recall","id":2,"mid":9}', "recall", "recall", p.Recall(2, 9)),
+    ('{"op":"typing","conv":"bob"}', "typing", "typing", p.Typing(None, "bob")),
+    ('{"op":"refresh","id":3,"token":"t"}', "refresh", "refresh", p.Refresh(3, "t")),
+    ('{"op":"presence_sub","users":["a"]}', "presence_sub", "presencesub",
+     p.PresenceSub(None, ("a",), True)),
+    ('{"op":"presence_unsub","users":["a"]}', "presence_unsub", "presencesub",
+     p.PresenceSub(None, ("a",), False)),
 ])
-def test_task_ops_spawn(data, op, frame):
+def test_task_ops_spawn(data, op, label, frame):
     c = core(SessionLimits(64, 3, 1.0, 0))  # none of them needs a send token
-    assert c.receive(data, 100.0) == [Accepted(op), Spawn(frame)]
+    assert c.receive(data, 100.0) == [Accepted(label), Spawn(op, frame)]
 
 
 @pytest.mark.parametrize(("data", "wire"), [
@@ -148,15 +155,17 @@ def test_ping_is_answered_at_once(data, wire):
     assert core().receive(data, 100.0) == [Accepted("ping"), Reply(wire)]
 
 
-def test_an_op_parse_frame_accepts_but_nobody_serves_is_refused(monkeypatch):
-    class Future:
-        id = 9
+def test_every_op_in_the_table_has_a_handler_in_the_session():
+    from gateway.ws.session import Sessions
 
-    monkeypatch.setattr(p, "parse_frame", lambda data, max_body: Future())
-    c = core()
-    assert c.receive("{}", 100.0) == [
-        Accepted("future"), error_reply("bad_request", "op Future is not served", 9)]
-    assert c.bad_frames == 0  # today: an error reply, not a refusal
+    served = {name for name, op in p.OPS.items() if op.run != "core"}
+    assert served == {name[3:] for name in dir(Sessions) if name.startswith("op_")}
+    assert [name for name, op in p.OPS.items() if op.run == "core"] == ["ping"]
+
+
+def test_the_table_says_which_ops_spend_the_send_budget_and_run_at_once():
+    assert {n for n, op in p.OPS.items() if op.budget == "send"} == {"send", "group_send"}
+    assert {n for n, op in p.OPS.items() if op.run == "now"} == {"room_send"}
 
 
 def test_actions_are_frozen():
@@ -166,7 +175,7 @@ def test_actions_are_frozen():
         LIMITS.max_body = 1  # type: ignore[misc]
 
 
-# -- budgets (issue 11: a flood must not hurt anyone else) -------------------------
+# -- budgets (a flood must not hurt anyone else) --------------------------------------------
 
 BUDGET = SessionLimits(max_body=64, bad_frame_limit=3, send_rate=100.0, send_burst=100,
                        op_rate=10.0, op_burst=5, refuse_rate=1.0, refuse_burst=3)

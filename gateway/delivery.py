@@ -1,0 +1,107 @@
+"""Delivery of what was stored: the pushes after an ack, and the replay after a
+broker outage. The WebSocket session and the server API both push through
+here, so a message sent either way reaches the same devices and raises the
+same events.
+
+- ``push_sent`` / ``push_group_sent``: after a 1:1 or group ack, the message
+  to every device that should see it (the router writes this node's and
+  sends one envelope per other node), and the events for those offline.
+- ``Replay``: the broker link came back; pushes may have been lost meanwhile,
+  so local users get their offline entries since then again (clients drop
+  repeats by mid).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from core.errors import Unavailable
+from core.ids import mid_for_time_ms
+from gateway.chat.service import SendResult
+from gateway.events import Events
+from gateway.groups.service import GroupSendResult
+from gateway.hub import Hub
+from gateway.metrics import NodeMetrics
+from store.ports import OfflineStore
+
+__all__ = ["Pusher", "Replay", "push_group_sent", "push_sent"]
+
+log = logging.getLogger("gateway.delivery")
+
+
+class Pusher(Protocol):
+    """``router.Router``, as a session sees it: pushes after an ack."""
+
+    def push(self, user: str, frame: bytes, routes: dict[str, str] | None,
+             skip_conn: int | None = None) -> None: ...
+
+    def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None
+                      ) -> None: ...
+
+    def is_alive(self, node: str, now: float) -> bool: ...
+
+
+def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, result: SendResult,
+              body: bytes, skip_conn: int | None = None) -> None:
+    """After a 1:1 ack: the message to the receiver's devices and the sender's
+    others (nothing for a duplicate), and ``offline.msg`` when the receiver has
+    no device on a live node. The WebSocket and the server API share it."""
+    if result.frame is None:
+        return
+    pusher.push(to, result.frame, result.receiver_routes)
+    pusher.push(sender, result.frame, result.sender_routes, skip_conn=skip_conn)
+    if events is not None:
+        now = time.time()
+        if not any(pusher.is_alive(n, now) for n in (result.receiver_routes or {}).values()):
+            events.offline_msg(to, result.mid, sender, sender, body)
+
+
+def push_group_sent(pusher: Pusher, events: Events | None, sender: str, group: str,
+                    result: GroupSendResult, body: bytes, skip_conn: int | None = None) -> None:
+    """After a group ack: one envelope per node bound to the group (nothing for a
+    duplicate), and the group's events (``offline.msg`` for its offline members
+    or one ``offline.group``, found by the events worker, not here)."""
+    if result.frame is None:
+        return
+    pusher.publish_group(group, result.frame, skip_conn=skip_conn)
+    if events is not None:
+        events.group_msg(group, result.mid, result.seq, sender, body, diffused=result.diffused)
+
+
+class Replay:
+    """After a broker outage: pushes may have been lost meanwhile, so local users
+    get their offline entries since then again (clients drop repeats by mid)."""
+
+    def __init__(self, hub: Hub, offline: OfflineStore, metrics: NodeMetrics) -> None:
+        self.hub = hub
+        self.offline = offline
+        self.metrics = metrics
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def resumed(self, lost_at: float) -> None:
+        """The broker link is back (``Router``'s ``on_resume``)."""
+        since = mid_for_time_ms(int((lost_at - 2.0) * 1000))
+        task = asyncio.create_task(self._replay(list(self.hub.users), since))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _replay(self, users: list[str], since: int) -> None:
+        for i in range(0, len(users), 500):
+            chunk = users[i:i + 500]
+            try:
+                frames = await self.offline.recent(chunk, since, 200)
+            except Unavailable as exc:
+                log.warning("replay after broker outage failed: %s", exc)
+                return
+            for user, rows in zip(chunk, frames, strict=True):
+                for frame in rows:
+                    self.hub.deliver_to_user(user, frame, None)
+        self.metrics.replays.inc()
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
