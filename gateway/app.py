@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from core.ids import MidGenerator
+from gateway import frames
 from gateway.auth import TokenVerifier
 from gateway.bindings import Bindings
 from gateway.chat.claims import Claims
@@ -45,7 +46,6 @@ from gateway.metrics import NodeMetrics
 from gateway.moderation import Moderation
 from gateway.presence.subs import PresenceSubs
 from gateway.presence.watch import PresenceQuery, PresenceWatch
-from gateway.protocol import encode
 from gateway.rooms.hub import RoomHub, RoomLimits
 from gateway.rooms.service import LiveRooms
 from gateway.ws.registry import Registry
@@ -182,8 +182,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     def announce(user: str, online: bool, at_ms: int) -> None:
         """A presence change this node settled: to the events and to the watchers."""
         events.presence(user, online, at_ms)
-        router.publish_presence(user, encode({"op": "presence", "users": {
-            user: {"online": online, "last_seen": at_ms}}}))
+        router.publish_presence(user, frames.presence(
+            {user: {"online": online, "last_seen": at_ms}}))
 
     watch = PresenceWatch(name, stores.presence, announce, lambda u: len(hub.users.get(u, ())),
                           s.presence_grace_s)

@@ -1,17 +1,29 @@
-"""Client frames built from store records (docs/protocol.md): the one place a
-stored message becomes the ``msg`` / ``group_msg`` a client sees. Pure."""
+"""Every frame the server sends a client (docs/protocol.md), built here. Pure.
+
+One constructor per frame: replies (``ack``, ``ok``, ``error``, ``pong``,
+``joined``, ``left``, ``presence``), pushes (``msg`` / ``group_msg`` from
+store records, ``typing``, ``read``, ``receipt``, ``recalled``,
+``group_event``, ``feed``, ``notice``, ``reconnect``). Each returns the
+encoded bytes, built once and written unchanged to every socket that gets
+them; a reply without a request id carries no ``re``. ``room_msgs`` is the
+one frame built elsewhere: ``gateway.rooms.coalesce`` joins a window's
+already-encoded messages into it byte by byte (the room fan-out's hot path).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from core.ids import mid_time_ms
-from gateway.protocol import encode
+from gateway.errors import ProtocolError
 from store.records import ChatMessage, GroupMessage, StoredMessage
 
-__all__ = ["body_value", "encode_group", "frame_of", "group_frame", "msg_frame", "tombstone"]
+__all__ = ["ack", "body_value", "encode", "encode_group", "error", "feed", "frame_of",
+           "group_event", "group_frame", "joined", "left", "msg_frame", "notice", "ok", "pong",
+           "presence", "read", "receipt", "recalled", "reconnect", "tombstone", "typing"]
 
 
 def body_value(body: Any) -> Any:
@@ -52,3 +64,101 @@ def encode_group(m: GroupMessage) -> bytes:
     """A group message encoded once: pushed, kept as the group's ``last``, and
     written to write-diffused members' offline stores, the same bytes."""
     return encode(group_frame(m))
+
+
+def encode(frame: dict[str, Any]) -> bytes:
+    """Encode a server frame once; the bytes are what every socket gets."""
+    return orjson.dumps(frame)
+
+
+def _reply(op: str, re: object, fields: Mapping[str, Any]) -> bytes:
+    """``{"op", "re" (when known), **fields}``: ``re`` names the request answered."""
+    frame: dict[str, Any] = {"op": op}
+    if re is not None:
+        frame["re"] = re
+    frame.update(fields)
+    return orjson.dumps(frame)
+
+
+# -- replies -------------------------------------------------------------------------------------
+def ack(re: object, cmid: str, mid: int, ts: int, seq: int | None = None) -> bytes:
+    """A send (``seq`` None) or group send (its ``seq``) was stored."""
+    if seq is None:
+        return _reply("ack", re, {"cmid": cmid, "mid": mid, "ts": ts})
+    return _reply("ack", re, {"cmid": cmid, "mid": mid, "seq": seq, "ts": ts})
+
+
+_OK = b'{"op":"ok"}'
+
+
+def ok(re: object = None) -> bytes:
+    return _OK if re is None else orjson.dumps({"op": "ok", "re": re})
+
+
+def error(err: ProtocolError) -> bytes:
+    """A refusal: its protocol code and safe message (``re`` when known)."""
+    frame: dict[str, Any] = {"op": "error", "code": err.code, "message": err.message}
+    if err.re is not None:
+        frame["re"] = err.re
+    return orjson.dumps(frame)
+
+
+def pong(re: object = None) -> bytes:
+    return _reply("pong", re, {})
+
+
+def joined(re: object, room: str, fields: Mapping[str, Any]) -> bytes:
+    """A join's answer: ``online``, ``users``, and with history kept ``epoch``,
+    ``pos``, ``msgs`` and ``recovered``."""
+    return _reply("joined", re, {"room": room, **fields})
+
+
+def left(room: str, re: object = None, reason: str | None = None) -> bytes:
+    """A leave's answer, or (``reason`` "kicked") the server took the device out."""
+    return _reply("left", re, {"room": room} if reason is None
+                  else {"room": room, "reason": reason})
+
+
+def presence(users: Mapping[str, Any], re: object = None) -> bytes:
+    """Users' ``{"online", "last_seen"}``: a ``presence_sub`` answer or a change."""
+    return _reply("presence", re, {"users": users})
+
+
+# -- pushes --------------------------------------------------------------------------------------
+def typing(conv: str, sender: str) -> bytes:
+    return orjson.dumps({"op": "typing", "conv": conv, "from": sender})
+
+
+def read(conv: str, mid: int, unread: int) -> bytes:
+    """To the reader's other devices: read up to ``mid``, ``unread`` left."""
+    return orjson.dumps({"op": "read", "conv": conv, "mid": mid, "unread": unread})
+
+
+def receipt(conv: str, mid: int) -> bytes:
+    """To a 1:1 peer: ``conv`` read its messages up to ``mid``."""
+    return orjson.dumps({"op": "receipt", "conv": conv, "mid": mid})
+
+
+def recalled(mid: int, conv: str, by: str) -> bytes:
+    return orjson.dumps({"op": "recalled", "mid": mid, "conv": conv, "by": by})
+
+
+def group_event(group: str, event: str, users: Sequence[str], by: str) -> bytes:
+    """A membership change of ``group`` (joined, left, removed, ...)."""
+    return orjson.dumps({"op": "group_event", "group": group, "event": event,
+                         "users": list(users), "by": by})
+
+
+def feed(post: Any, author: str, ts: Any) -> bytes:
+    """The optional push of a new post to its author's followers online."""
+    return orjson.dumps({"op": "feed", "post": post, "author": author, "ts": ts})
+
+
+def notice(body: bytes, ts_ms: int) -> bytes:
+    """The server API's ``notice``: ``body`` is already-encoded JSON; not stored."""
+    return b'{"op":"notice","body":' + body + b',"ts":' + str(ts_ms).encode() + b"}"
+
+
+def reconnect() -> bytes:
+    """The node is draining: connect again (to another node)."""
+    return b'{"op":"reconnect"}'

@@ -22,13 +22,13 @@ from starlette.types import ASGIApp
 from websockets.asyncio.server import Server, serve
 
 from core.errors import Unavailable
+from gateway import frames
 from gateway.app import App, Step, compose
 from gateway.config import Settings
 from gateway.frames import encode_group
 from gateway.http.api import build_metrics_http
 from gateway.http.guard import TimedH11Protocol
 from gateway.metrics import NodeMetrics
-from gateway.protocol import encode
 from router.amqp_urls import mask_password
 from store import Stores, open_stores
 from store.ports import LeaseKeeper, NodeLease
@@ -271,7 +271,7 @@ class Node:
         if self._ws_server is not None:
             self._ws_server.close(close_connections=False)
         app = self.app
-        frame = encode({"op": "reconnect"})
+        frame = frames.reconnect()
         clients = app.hub.clients()
         with contextlib.suppress(Unavailable):
             await app.registry.forget_all()

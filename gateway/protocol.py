@@ -40,8 +40,6 @@ __all__ = [
     "Send",
     "check_id",
     "check_mid",
-    "encode",
-    "error_frame",
     "parse_frame",
 ]
 
@@ -409,15 +407,3 @@ def parse(data: str | bytes, max_body: int) -> tuple[Op, Frame]:
 def parse_frame(data: str | bytes, max_body: int) -> Frame:
     """Decode and validate one client frame (``parse`` without the row)."""
     return parse(data, max_body)[1]
-
-
-def encode(frame: dict[str, Any]) -> bytes:
-    """Encode a server frame once; the bytes are what every socket gets."""
-    return orjson.dumps(frame)
-
-
-def error_frame(err: ProtocolError) -> bytes:
-    frame: dict[str, Any] = {"op": "error", "code": err.code, "message": err.message}
-    if err.re is not None:
-        frame["re"] = err.re
-    return orjson.dumps(frame)

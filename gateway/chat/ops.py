@@ -14,6 +14,7 @@ from typing import Protocol
 
 from core.ids import mid_time_ms
 from core.throttle import Throttle
+from gateway import frames
 from gateway.chat.conversations import GROUP_PREFIX, Conversations
 from gateway.chat.service import ChatService
 from gateway.errors import ProtocolError
@@ -21,7 +22,6 @@ from gateway.groups.service import GroupService
 from gateway.hub import Client
 from gateway.presence.subs import PresenceSubs
 from gateway.presence.watch import PresenceQuery
-from gateway.protocol import encode
 
 __all__ = ["MessageOps", "Notifier"]
 
@@ -72,18 +72,18 @@ class MessageOps:
             group = conv[len(GROUP_PREFIX):]
             if self.in_group_here(group, conn):
                 self.notifier.publish_group(
-                    group, encode({"op": "typing", "conv": conv, "from": user}), conn)
+                    group, frames.typing(conv, user), conn)
             return
         await self.notifier.push_frames(
-            [(conv, encode({"op": "typing", "conv": user, "from": user}))])
+            [(conv, frames.typing(user, user))])
 
     async def read(self, user: str, conv: str, mid: int, skip_conn: int | None = None) -> int:
         """Read up to ``mid``; the reader's other devices get ``read`` with the new
         count, a 1:1 peer's devices a ``receipt``. Returns the count."""
         unread = await self.conversations.mark_read(user, conv, mid)
-        told = [(user, encode({"op": "read", "conv": conv, "mid": mid, "unread": unread}))]
+        told = [(user, frames.read(conv, mid, unread))]
         if not conv.startswith(GROUP_PREFIX):
-            told.append((conv, encode({"op": "receipt", "conv": user, "mid": mid})))
+            told.append((conv, frames.receipt(user, mid)))
         await self.notifier.push_frames(told, skip_conn)
         return unread
 
@@ -100,11 +100,11 @@ class MessageOps:
             g = await self.groups.recall(user, mid)  # not a 1:1 message: a group's?
             conv = f"g:{g.group}"
             self.notifier.publish_group(
-                g.group, encode({"op": "recalled", "mid": mid, "conv": conv, "by": user}))
+                g.group, frames.recalled(mid, conv, user))
             return
         await self.notifier.push_frames([
-            (m.sender, encode({"op": "recalled", "mid": mid, "conv": m.to, "by": user})),
-            (m.to, encode({"op": "recalled", "mid": mid, "conv": m.sender, "by": user}))])
+            (m.sender, frames.recalled(mid, m.to, user)),
+            (m.to, frames.recalled(mid, m.sender, user))])
 
     async def forget(self, user: str, mid: int) -> None:
         """Delete for me: out of the caller's box, sync and history only."""

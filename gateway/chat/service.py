@@ -22,9 +22,8 @@ from core.paging import seek_page
 from gateway.chat.claims import Claims
 from gateway.config import Settings
 from gateway.errors import ProtocolError
-from gateway.frames import frame_of, msg_frame, tombstone
+from gateway.frames import encode, frame_of, msg_frame, tombstone
 from gateway.metrics import NodeMetrics
-from gateway.protocol import encode
 from store.ports import MessageStore, OfflineStore
 from store.records import ChatMessage, ConversationRow, Delivery, Erasure
 

@@ -23,7 +23,7 @@ from store.ports import FeedCache, FollowStore, PostStore, TimelineStore
 
 __all__ = ["TimelineFanout", "UserPusher"]
 
-log = logging.getLogger("router.fanout")
+log = logging.getLogger("gateway.feed.fanout")
 FANOUT_CHUNK = 1000
 SWEEP_EVERY_S = 10.0
 STUCK_AFTER_S = 30.0

@@ -30,12 +30,12 @@ from core.errors import Unavailable
 from core.ids import mid_time_ms
 from core.paging import seek_page
 from core.seek_cursor import BadCursor, decode_cursor, encode_cursor
+from gateway import frames
 from gateway.auth import check_user_id
 from gateway.chat.service import IdSource
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.feed.fanout import TimelineFanout
-from gateway.protocol import encode
 from store.ports import CounterStore, FeedCache, FollowStore, PostStore, TimelineStore
 
 __all__ = ["FeedService", "feed_frame"]
@@ -46,7 +46,7 @@ FRIENDS_SCAN = 200  # following ids read per round of a friends page
 
 def feed_frame(doc: dict[str, Any]) -> bytes:
     """The optional ``feed`` push of a post to followers online."""
-    return encode({"op": "feed", "post": doc["_id"], "author": doc["author"], "ts": doc["ts"]})
+    return frames.feed(doc["_id"], doc["author"], doc["ts"])
 
 
 class FeedService:

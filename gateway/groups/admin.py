@@ -39,16 +39,16 @@ from core.errors import Unavailable
 from core.group_reads import read_status
 from core.paging import seek_page
 from core.seek_cursor import BadCursor, decode_cursor, encode_cursor
+from gateway import frames
 from gateway.auth import check_user_id
 from gateway.config import Settings
 from gateway.errors import ProtocolError
-from gateway.protocol import encode
 from router.errors import BrokerUnavailable
 from store.ports import GroupCache, GroupStore
 
-__all__ = ["ControlSender", "GroupAdmin", "GroupNotifier", "group_event"]
+__all__ = ["ControlSender", "GroupAdmin", "GroupNotifier"]
 
-log = logging.getLogger("gateway.groups.service")
+log = logging.getLogger("gateway.groups.admin")
 
 LEASE_MS = 30_000  # a node that dies holding it blocks the group's changes this long
 LEASE_WAIT_S = 5.0  # then the caller hears `unavailable` and retries
@@ -68,12 +68,6 @@ class GroupNotifier(ControlSender, Protocol):
     async def publish_group_confirmed(self, group: str, frame: bytes) -> None: ...
 
     async def push_users(self, users: Sequence[str], frame: bytes) -> None: ...
-
-
-def group_event(group: str, event: str, users: Sequence[str], by: str) -> bytes:
-    """The ``group_event`` push, encoded once for every device it goes to."""
-    return encode({"op": "group_event", "group": group, "event": event,
-                   "users": list(users), "by": by})
 
 
 def _info(doc: dict[str, Any]) -> dict[str, Any]:
@@ -275,7 +269,7 @@ class GroupAdmin:
         """``group_event`` to the group's devices (confirmed by the broker; not
         for a new group, which has none yet) and to every device of ``direct``.
         Best effort: the change stands anyway."""
-        frame = group_event(group, event, users, by)
+        frame = frames.group_event(group, event, users, by)
         if bound:
             with contextlib.suppress(BrokerUnavailable):
                 await self.notifier.publish_group_confirmed(group, frame)

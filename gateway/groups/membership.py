@@ -25,7 +25,7 @@ from store.ports import GroupCache
 
 __all__ = ["GroupPresence"]
 
-log = logging.getLogger("gateway.groups.service")
+log = logging.getLogger("gateway.groups.membership")
 
 
 class GroupPresence:

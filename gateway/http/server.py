@@ -21,6 +21,7 @@ from fastapi import FastAPI, Security
 from fastapi.security import APIKeyHeader
 from pydantic import Field, StrictInt
 
+from gateway import frames
 from gateway.chat.service import ChatService
 from gateway.delivery import Pusher, push_group_sent, push_sent
 from gateway.events import Events
@@ -154,8 +155,7 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
     async def notify(req: Notify) -> dict[str, Any]:
         """A ``notice`` frame to every connected device of these users; not stored."""
         users = list(dict.fromkeys(req.users))
-        frame = b'{"op":"notice","body":' + encode_body(req.body, d.max_body) + \
-            b',"ts":' + str(int(time.time() * 1000)).encode() + b"}"
+        frame = frames.notice(encode_body(req.body, d.max_body), int(time.time() * 1000))
         return {"online": await d.notify(users, frame)}
 
     @app.post("/v1/server/users/{user}/disconnect", response_model=Ok, responses=SERVER,

@@ -32,7 +32,7 @@ from store.ports import RoomHistoryStore
 
 __all__ = ["RoomPositions", "positioned"]
 
-log = logging.getLogger("gateway.rooms.hub")
+log = logging.getLogger("gateway.rooms.positions")
 
 Deliver = Callable[[str, bytes, int, int, str], None]  # room, fragment, prio, pos, epoch
 Publish = Callable[[str, bytes, int, int, str], "asyncio.Future[None]"]

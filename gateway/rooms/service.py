@@ -31,6 +31,7 @@ import orjson
 from core.batcher import Batcher
 from core.ratelimit import KeyedBuckets
 from core.room_history import RoomLog, catch_up
+from gateway import frames
 from gateway.bindings import Bindings
 from gateway.config import Settings
 from gateway.errors import ProtocolError
@@ -207,7 +208,7 @@ class LiveRooms:
             elif op == "runmute":
                 self._muted.pop((room, user), None)
             elif op == "rkick":
-                frame = orjson.dumps({"op": "left", "room": room, "reason": "kicked"})
+                frame = frames.left(room, reason="kicked")
                 for client in list(self.rooms.hub.users.get(user, {}).values()):
                     if self._left(client, room):
                         self._dirty.add(room)

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.ratelimit import TokenBucket
+from gateway import frames
 from gateway import protocol as p
 from gateway.errors import ProtocolError
 
@@ -170,8 +171,8 @@ class SessionCore:
 
 
 def _error(err: ProtocolError) -> Reply:
-    return Reply(p.error_frame(err), err.code)
+    return Reply(frames.error(err), err.code)
 
 
 def _pong(rid: object) -> bytes:
-    return p.encode({"op": "pong"} if rid is None else {"op": "pong", "re": rid})
+    return frames.pong(rid)

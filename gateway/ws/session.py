@@ -26,8 +26,8 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from core.errors import Unavailable
+from gateway import frames, wire
 from gateway import protocol as p
-from gateway import wire
 from gateway.auth import Token, TokenVerifier, bearer_token
 from gateway.chat.conversations import Conversations
 from gateway.chat.ops import MessageOps
@@ -191,8 +191,7 @@ class Sessions:
         )
         if result is None:
             return
-        self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid,
-                             "mid": result.mid, "ts": result.ts})
+        self._send_bytes(client, frames.ack(f.id, f.cmid, result.mid, result.ts))
         self.metrics.send_latency.observe(time.perf_counter() - started)
         push_sent(self.pusher, self.events, client.user, f.to, result, f.body,
                   skip_conn=client.id)
@@ -202,8 +201,7 @@ class Sessions:
             client, f.id, lambda: self.groups.send(client.user, f.group, f.cmid, f.body))
         if result is None:
             return
-        self._reply(client, {"op": "ack", "re": f.id, "cmid": f.cmid, "mid": result.mid,
-                             "seq": result.seq, "ts": result.ts})
+        self._send_bytes(client, frames.ack(f.id, f.cmid, result.mid, result.ts, result.seq))
         push_group_sent(self.pusher, self.events, client.user, f.group, result, f.body,
                         skip_conn=client.id)
 
@@ -211,7 +209,7 @@ class Sessions:
         done = await self._guarded(
             client, f.id, lambda: self.ops.read(client.user, f.conv, f.mid, client.id))
         if done is not None:
-            self._reply(client, {"op": "ok", "re": f.id})
+            self._send_bytes(client, frames.ok(f.id))
 
     async def op_recall(self, client: Client, f: p.Recall) -> None:
         async def recall() -> bool:
@@ -219,18 +217,18 @@ class Sessions:
             return True
 
         if await self._guarded(client, f.id, recall):
-            self._reply(client, {"op": "ok", "re": f.id})
+            self._send_bytes(client, frames.ok(f.id))
 
     async def op_presence_sub(self, client: Client, f: p.PresenceSub) -> None:
         users = list(f.users)
         state = await self._guarded(client, f.id,
                                     lambda: self.ops.presence_sub(client, users, f.id))
         if state is not None:
-            self._reply(client, {"op": "presence", "re": f.id, "users": state})
+            self._send_bytes(client, frames.presence(state, f.id))
 
     async def op_presence_unsub(self, client: Client, f: p.PresenceSub) -> None:
         self.ops.presence_unsub(client, list(f.users))
-        self._reply(client, {"op": "ok", "re": f.id})
+        self._send_bytes(client, frames.ok(f.id))
 
     async def op_typing(self, client: Client, f: p.Typing) -> None:
         with contextlib.suppress(Unavailable):  # ephemeral: a lost one is no error
@@ -243,7 +241,7 @@ class Sessions:
         got = await self._guarded(client, f.id,
                                   lambda: self.live.join(client, f.room, f.history, f.since))
         if got is not None:
-            self._reply(client, {"op": "joined", "re": f.id, "room": f.room, **got})
+            self._send_bytes(client, frames.joined(f.id, f.room, got))
 
     async def op_leave(self, client: Client, f: p.Leave) -> None:
         async def leave() -> bool:
@@ -251,7 +249,7 @@ class Sessions:
             return True
 
         if await self._guarded(client, f.id, leave):
-            self._reply(client, {"op": "left", "re": f.id, "room": f.room})
+            self._send_bytes(client, frames.left(f.room, f.id))
 
     # -- token lifetime --------------------------------------------------------
     def _expired(self, client: Client) -> None:
@@ -277,7 +275,7 @@ class Sessions:
             return
         self._expiries.set(client, checked.exp)
         client.iat = checked.iat or 0.0
-        self._reply(client, {"op": "ok", "re": f.id})
+        self._send_bytes(client, frames.ok(f.id))
 
     def op_room_send(self, client: Client, f: p.RoomSend) -> None:
         """No task per message: the reply is written when the broker confirms."""
@@ -287,7 +285,7 @@ class Sessions:
             err.re = f.id
             self._error(client, err)
             return
-        ok = p.encode({"op": "ok", "re": f.id}) if f.id is not None else b'{"op":"ok"}'
+        ok = frames.ok(f.id)
 
         def reply(fut: asyncio.Future[None]) -> None:
             if fut.cancelled() or fut.exception() is not None:
@@ -324,12 +322,7 @@ class Sessions:
     # -- replies (never awaited; bounded like pushes) ------------------------
     def _error(self, client: Client, err: ProtocolError) -> None:
         self.metrics.errors.labels(err.code).inc()
-        self._send_bytes(client, p.error_frame(err))
-
-    def _reply(self, client: Client, frame: dict[str, object]) -> None:
-        if frame.get("re") is None:
-            frame.pop("re", None)
-        self._send_bytes(client, p.encode(frame))
+        self._send_bytes(client, frames.error(err))
 
     def _send_bytes(self, client: Client, data: bytes) -> None:
         """Queue a reply on the socket. A client that does not read while it

@@ -7,6 +7,7 @@ import pytest
 
 from core.ids import MAX_MID
 from gateway.errors import ProtocolError
+from gateway.frames import error as error_frame
 from gateway.protocol import (
     Ping,
     Read,
@@ -14,7 +15,6 @@ from gateway.protocol import (
     RoomSend,
     Send,
     check_id,
-    error_frame,
     parse_frame,
 )
 
@@ -87,7 +87,8 @@ def test_id_pattern_bounds():
 
 
 def test_mid_bounds():
-    assert parse_frame(f'{{"op":"read","conv":"b","mid":{MAX_MID}}}', 10).mid == MAX_MID
+    read = f'{{"op":"read","conv":"b","mid":{MAX_MID}}}'
+    assert parse_frame(read, 10) == Read(None, "b", MAX_MID)
     refused(f'{{"op":"read","conv":"b","mid":{MAX_MID + 1}}}')
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from gateway import frames
 from gateway import protocol as p
 from gateway.errors import ProtocolError
 from gateway.ws.core import (
@@ -27,7 +28,7 @@ def core(limits: SessionLimits = LIMITS) -> SessionCore:
 
 
 def error_reply(code: str, message: str, re: object = None) -> Reply:
-    return Reply(p.error_frame(ProtocolError(code, message, re)), code)
+    return Reply(frames.error(ProtocolError(code, message, re)), code)
 
 
 # -- bad frames -------------------------------------------------------------------
@@ -85,9 +86,10 @@ def test_limit_of_one_closes_on_the_first_bad_frame():
 
 def test_send_and_group_send_spawn_with_their_op_labels():
     c = core()
-    assert c.receive(SEND, 100.0) == [Accepted("send"), Spawn("send", p.Send(1, "bob", "c1", b"\"hi\""))]
-    assert c.receive(GROUP_SEND, 100.0) == [Accepted("groupsend"),
-                                            Spawn("group_send", p.GroupSend(2, "g1", "c2", b"\"hi\""))]
+    assert c.receive(SEND, 100.0) == [Accepted("send"),
+                                      Spawn("send", p.Send(1, "bob", "c1", b"\"hi\""))]
+    assert c.receive(GROUP_SEND, 100.0) == [
+        Accepted("groupsend"), Spawn("group_send", p.GroupSend(2, "g1", "c2", b"\"hi\""))]
 
 
 def test_sends_share_one_bucket_and_are_refused_when_it_is_empty():
@@ -98,7 +100,8 @@ def test_sends_share_one_bucket_and_are_refused_when_it_is_empty():
                                       error_reply("rate_limited", "too many sends", 1)]
     assert c.receive(GROUP_SEND, 100.0)[1] == error_reply("rate_limited", "too many sends", 2)
     assert c.bad_frames == 0  # a refused send is not a bad frame
-    assert c.receive(SEND, 100.5) == [Accepted("send"), Spawn("send", p.Send(1, "bob", "c1", b"\"hi\""))]
+    assert c.receive(SEND, 100.5) == [Accepted("send"),
+                                      Spawn("send", p.Send(1, "bob", "c1", b"\"hi\""))]
     assert isinstance(c.receive(SEND, 100.5)[1], Reply)
 
 
