@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import FastAPI
 
@@ -51,6 +50,17 @@ from gateway.rooms.service import LiveRooms
 from gateway.ws.registry import Registry
 from gateway.ws.session import Sessions
 from router import Router, make_broker
+from router.controls import (
+    Close,
+    Controls,
+    GroupAdd,
+    GroupDel,
+    Revoke,
+    RoomKick,
+    RoomMute,
+    RoomUnmute,
+    Unban,
+)
 from router.routing import parse_key
 from store import Stores
 from store.ports import GroupCache, RouteStore
@@ -139,26 +149,18 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     bindings = Bindings(broker, metrics, s.room_unbind_delay_s, int(60 / s.room_report_s))
     presence = GroupPresence(group_hub, bindings, stores.group_cache, **batch)
     replay = Replay(hub, stores.offline, metrics)
-    def on_control(users: list[str], ctl: dict[str, Any]) -> Awaitable[Any] | None:
-        """A control message for local devices (group membership, moderation, a
-        room's mute or kick), applied in memory now; the rest is returned."""
-        if ctl.get("op") in ("close", "revoke", "unban"):
-            return moderation.apply_control(users, ctl)
-        if ctl.get("op") in ("rmute", "runmute", "rkick"):
-            live.apply_control(users, ctl)
-            return None
-        return presence.apply_control(users, ctl)
-
-    def resumed(lost_at: float) -> None:
-        """The broker link is back: replay the pushes, publish the held events."""
-        replay.resumed(lost_at)
-        events.resume()
-
+    controls = Controls()  # handlers registered below, once their targets exist
     watchers = PresenceSubs(hub, bindings, s.presence_subs_max)
     router = Router(name, hub, broker, stores.routes, rooms=room_hub, groups=group_hub,
-                    presence=watchers, on_control=on_control, on_resume=resumed)
+                    presence=watchers, controls=controls)
+    router.when_resumed(replay.resumed)  # pushes lost meanwhile, again
     moderation = Moderation(stores.sanctions, router, hub, s.auth_max_ttl_s,
                             metrics.sanctions_unchecked.inc)
+    controls.handle(Close, moderation.apply_control)
+    controls.handle(Revoke, moderation.apply_control)
+    controls.handle(Unban, moderation.apply_control)
+    controls.handle(GroupAdd, presence.apply_control)
+    controls.handle(GroupDel, presence.apply_control)
     metrics.watch_broker(router.broker_status)
     mids = MidGenerator(number)
     claims = Claims(stores.dedup, observe=metrics.stage_observer("dedup"), **batch)
@@ -170,6 +172,9 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     conversations = Conversations(chat, groups, s.sync_settle_ms)
     live = LiveRooms(name, s, metrics, room_hub, router, stores.rooms, bindings,
                      stores.sanctions, stores.room_history)
+    controls.handle(RoomMute, live.apply_control)
+    controls.handle(RoomUnmute, live.apply_control)
+    controls.handle(RoomKick, live.apply_control)
     fanout = TimelineFanout(stores.posts, stores.follows, stores.timelines, stores.feed_cache,
                             router, feed_frame, timeline_max=s.feed_timeline_max,
                             queue_max=s.feed_queue_max)
@@ -179,6 +184,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                     _EventSources(conversations, stores.group_cache, stores.routes, router),
                     s.event_types, pending_max=s.events_pending_max,
                     count=lambda kind, outcome: metrics.events.labels(kind, outcome).inc())
+    router.when_resumed(lambda _lost_at: events.resume())  # the events held meanwhile
     def announce(user: str, online: bool, at_ms: int) -> None:
         """A presence change this node settled: to the events and to the watchers."""
         events.presence(user, online, at_ms)
@@ -212,6 +218,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                                metrics_public=bool(s.metrics_public),
                                cors_origins=s.cors_origin_list, api_keys=s.api_key_list,
                                admit=moderation.admit, server=server, ops=ops))
+    if missing := controls.missing():
+        raise RuntimeError(f"controls without a handler: {', '.join(missing)}")
     return App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
                conversations, live, feed, registry, replay, sessions, http, events, watch,
                watchers)

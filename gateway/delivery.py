@@ -82,7 +82,7 @@ class Replay:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def resumed(self, lost_at: float) -> None:
-        """The broker link is back (``Router``'s ``on_resume``)."""
+        """The broker link is back (``Router.when_resumed``)."""
         since = mid_for_time_ms(int((lost_at - 2.0) * 1000))
         task = asyncio.create_task(self._replay(list(self.hub.users), since))
         self._tasks.add(task)

@@ -20,6 +20,15 @@ from typing import Any, Protocol
 from gateway.auth import Token
 from gateway.errors import ProtocolError
 from gateway.hub import Client, Hub
+from router.controls import (
+    Close,
+    Control,
+    Revoke,
+    RoomKick,
+    RoomMute,
+    RoomUnmute,
+    Unban,
+)
 from store.errors import Unavailable
 from store.ports import SanctionStore
 
@@ -37,9 +46,9 @@ RECENT_MAX = 100_000
 class Teller(Protocol):
     """``router.Router``, as moderation sees it."""
 
-    async def tell(self, users: list[str], ctl: dict[str, Any]) -> None: ...
+    async def tell(self, users: list[str], ctl: Control) -> None: ...
 
-    async def tell_all(self, users: list[str], ctl: dict[str, Any]) -> None: ...
+    async def tell_all(self, users: list[str], ctl: Control) -> None: ...
 
 
 class Moderation:
@@ -79,22 +88,22 @@ class Moderation:
             raise ProtocolError("unauthorized", "token revoked")
 
     async def disconnect(self, user: str) -> None:
-        await self.teller.tell([user], {"op": "close", "reason": "disconnected by the server"})
+        await self.teller.tell([user], Close("disconnected by the server"))
 
     async def ban(self, user: str, seconds: int) -> None:
         """Every node is told (not only those holding a device): one whose
         handshake of ``user`` passed ``admit`` just before the ban closes it as
         soon as it registers (``held_back``)."""
         await self.store.ban(user, time.time() + seconds)
-        await self.teller.tell_all([user], {"op": "close", "reason": "banned", "ban": 1})
+        await self.teller.tell_all([user], Close("banned", ban=True))
 
     async def unban(self, user: str) -> None:
         await self.store.unban(user)
-        await self.teller.tell_all([user], {"op": "unban"})
+        await self.teller.tell_all([user], Unban())
 
     async def revoke(self, user: str, before: float) -> None:
         await self.store.revoke(user, before, self.token_max_ttl_s)
-        await self.teller.tell_all([user], {"op": "revoke", "before": before})
+        await self.teller.tell_all([user], Revoke(before))
 
     def held_back(self, client: Client) -> bool:
         """Whether a connection that just registered falls under a ban or a
@@ -108,17 +117,17 @@ class Moderation:
             return False
         return banned or client.iat < before
 
-    def _remember(self, user: str, ctl: dict[str, Any]) -> None:
-        op, now = ctl.get("op"), time.monotonic()
-        if op == "unban":
+    def _remember(self, user: str, ctl: Close | Revoke | Unban) -> None:
+        now = time.monotonic()
+        if isinstance(ctl, Unban):
             told, _, before = self._recent.get(user, (now, False, 0.0))
             self._recent[user] = (told, False, before)
             return
         _, banned, before = self._recent.get(user, (now, False, 0.0))
-        if op == "close" and ctl.get("ban"):
+        if isinstance(ctl, Close) and ctl.ban:
             banned = True
-        elif op == "revoke" and isinstance(ctl.get("before"), int | float):
-            before = max(before, float(ctl["before"]))
+        elif isinstance(ctl, Revoke):
+            before = max(before, ctl.before)
         else:
             return
         if len(self._recent) >= RECENT_MAX:
@@ -130,29 +139,29 @@ class Moderation:
     async def mute(self, room: str, user: str, seconds: int) -> None:
         until = time.time() + seconds
         await self.store.mute(room, user, until)
-        await self.teller.tell([user], {"op": "rmute", "room": room, "until": until})
+        await self.teller.tell([user], RoomMute(room, until))
 
     async def unmute(self, room: str, user: str) -> None:
         await self.store.unmute(room, user)
-        await self.teller.tell([user], {"op": "runmute", "room": room})
+        await self.teller.tell([user], RoomUnmute(room))
 
     async def kick(self, room: str, user: str) -> None:
-        await self.teller.tell([user], {"op": "rkick", "room": room})
+        await self.teller.tell([user], RoomKick(room))
 
-    def apply_control(self, users: list[str], ctl: dict[str, Any]) -> Awaitable[Any] | None:
+    def apply_control(self, users: list[str], ctl: Close | Revoke | Unban
+                      ) -> Awaitable[Any] | None:
         """Close these users' local connections (a revocation: those whose token
         was issued before its time): remembered at once, the closes returned."""
-        op, before = ctl.get("op"), ctl.get("before")
         for user in users:
             self._remember(user, ctl)
         closing: list[Client] = []
         for user in users:
             for client in list(self.hub.users.get(user, {}).values()):
-                if op == "close" or (op == "revoke" and isinstance(before, int | float)
-                                     and client.iat < before):
+                if isinstance(ctl, Close) or (isinstance(ctl, Revoke)
+                                              and client.iat < ctl.before):
                     closing.append(client)
         if not closing:
             return None
-        reason = str(ctl.get("reason") or "token revoked")[:100]
+        reason = ctl.reason[:100] if isinstance(ctl, Close) else "token revoked"
         return asyncio.gather(*(c.ws.close(CLOSED_BY_SERVER, reason) for c in closing),
                               return_exceptions=True)

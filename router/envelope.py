@@ -1,8 +1,17 @@
 """Envelopes between nodes: many pushes in one broker message. Pure.
 
 A record is ``(header, frame)``: ``frame`` is already-encoded client bytes;
-the header (a small JSON object) says who gets it, e.g. ``{"u": [users]}``
-for every local device of those users. Layout per record::
+the header (a small JSON object, its keys named below) says who gets it:
+
+- ``{USERS: [user, ...]}``: every local device of those users;
+- ``{USERS: [...], CONTROL: {...}}``: a control for those users' devices
+  (``router.controls``; the frame is empty);
+- ``{GROUP: group}``: every local device of the group's members;
+- ``{PRESENCE: user}``: every local device watching that user;
+- ``{ROOM: room}``, with ``PRIO: 1`` for a must-deliver message and, when
+  the room keeps history, ``POS`` and ``EPOCH``: the room's local members.
+
+Layout per record::
 
     u32 header length | header JSON | u32 frame length | frame
 
@@ -18,7 +27,18 @@ from typing import Any
 
 import orjson
 
-__all__ = ["EnvelopeError", "Record", "decode", "encode"]
+__all__ = ["CONTROL", "EPOCH", "GROUP", "POS", "PRESENCE", "PRIO", "ROOM", "USERS",
+           "EnvelopeError", "Record", "decode", "encode"]
+
+# The header's keys: short, since every record of every envelope carries them.
+USERS = "u"  # list of user ids
+CONTROL = "c"  # a control (router.controls' wire form) for USERS' devices
+GROUP = "g"  # a group id
+PRESENCE = "pr"  # the user whose presence changed
+ROOM = "r"  # a room id
+PRIO = "p"  # 1: a must-deliver room message (absent: normal)
+POS = "n"  # a room message's position
+EPOCH = "e"  # the epoch its position belongs to
 
 _LEN = struct.Struct(">I")
 Record = tuple[dict[str, Any], bytes]

@@ -19,10 +19,10 @@ import contextlib
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from router import envelope
+from router import controls, envelope
 from router.base import (
     Broker,
     BrokerStatus,
@@ -31,16 +31,13 @@ from router.base import (
     PresenceDelivery,
     RoomDelivery,
 )
+from router.controls import Control, Controls
+from router.envelope import CONTROL, EPOCH, GROUP, POS, PRESENCE, PRIO, ROOM, USERS
 from router.errors import BrokerUnavailable
 from router.routing import group_key, parse_key, presence_key, room_key
 from store.ports import RouteStore
 
 __all__ = ["Router"]
-
-# Applies a control message's in-memory part at once (so an envelope after it
-# on the node's queue sees it applied) and returns what must still be awaited
-# (binding a queue, closing sockets), or None.
-Control = Callable[[list[str], dict[str, Any]], Awaitable[Any] | None]
 
 log = logging.getLogger("router")
 # An outbox item: (exchange kind "node" or "room", routing key, envelope,
@@ -54,8 +51,7 @@ class Router:
     def __init__(
         self, node: str, local: LocalDelivery, broker: Broker, routes: RouteStore,
         *, rooms: RoomDelivery | None = None, groups: GroupDelivery | None = None,
-        presence: PresenceDelivery | None = None, on_control: Control | None = None,
-        on_resume: Callable[[float], None] | None = None,
+        presence: PresenceDelivery | None = None, controls: Controls | None = None,
         outbox_max: int = 10_000, publish_batch: int = 64, controls_max: int = 1000,
     ) -> None:
         self.node = node
@@ -65,14 +61,14 @@ class Router:
         self.presence = presence
         # Membership changes for local devices, applied here or sent by the node
         # that took them; run as tasks (at most ``controls_max`` at once).
-        self.on_control = on_control
+        self.controls = controls or Controls()
         self.controls_max = controls_max
         self._controls: set[asyncio.Task[None]] = set()
         self.broker = broker
         self.routes = routes
         self.publish_batch = publish_batch
         self.live: dict[str, float] = {}  # node -> heartbeat expiry (unix s)
-        self.on_resume = on_resume
+        self._on_resume: list[Callable[[float], None]] = []
         self.stats: dict[str, int] = defaultdict(int)
         self._records: dict[str, list[envelope.Record]] = defaultdict(list)
         self._key_records: dict[str, list[envelope.Record]] = {}
@@ -83,6 +79,11 @@ class Router:
         self._publisher: asyncio.Task[None] | None = None
         self._dead_routes: dict[str, set[str]] = {}
         self._purger: asyncio.Task[None] | None = None
+
+    def when_resumed(self, hook: Callable[[float], None]) -> None:
+        """Call ``hook(lost_at)`` each time the broker link comes back after a loss
+        (after the router resent what failed)."""
+        self._on_resume.append(hook)
 
     async def start(self) -> None:
         await self.broker.start(self.node, self.on_envelope, self._broker_resumed)
@@ -142,7 +143,7 @@ class Router:
             else:
                 dead.append(field)
         for node in nodes:
-            self._records[node].append(({"u": [user]}, frame))
+            self._records[node].append(({USERS: [user]}, frame))
         if nodes:
             self._schedule_flush()
         if dead:
@@ -162,9 +163,9 @@ class Router:
         if waiter is None:
             waiter = self._key_waiters[key] = asyncio.get_running_loop().create_future()
             self._key_records[key] = []
-        head: dict[str, Any] = {"r": room, "p": 1} if prio else {"r": room}
-        if epoch is not None:  # positioned (rooms v2): receivers keep the order
-            head["n"], head["e"] = pos, epoch
+        head: dict[str, Any] = {ROOM: room, PRIO: 1} if prio else {ROOM: room}
+        if epoch is not None:  # positioned: receivers keep the order
+            head[POS], head[EPOCH] = pos, epoch
         self._key_records[key].append((head, fragment))
         self._schedule_flush()
         return waiter
@@ -190,7 +191,7 @@ class Router:
         effort: members catch up by sync."""
         if self.groups is not None:
             self.groups.deliver_group(group, frame, skip_conn)
-        self._to_key(group_key(group), {"g": group}, frame)
+        self._to_key(group_key(group), {GROUP: group}, frame)
 
     async def publish_group_confirmed(self, group: str, frame: bytes) -> None:
         """``publish_group``, returning once the broker confirmed the envelope
@@ -211,14 +212,14 @@ class Router:
         nobody of it. Best effort, like group pushes."""
         if self.presence is not None:
             self.presence.deliver_presence(user, frame)
-        self._to_key(presence_key(user), {"pr": user}, frame)
+        self._to_key(presence_key(user), {PRESENCE: user}, frame)
 
     def _to_key(self, key: str, head: dict[str, Any], frame: bytes) -> None:
         """One record for the nodes bound to ``key``, in the tick's envelope of it."""
         self._key_records.setdefault(key, []).append((head, frame))
         self._schedule_flush()
 
-    async def tell(self, users: list[str], ctl: dict[str, Any]) -> None:
+    async def tell(self, users: list[str], ctl: Control) -> None:
         """Apply a membership change to ``users``' devices on every node holding
         one: here first, then each other live node, each confirmed by the broker
         before this returns, so anything published after it (a group message)
@@ -230,27 +231,28 @@ class Router:
             for node in set(r.values()):
                 if node != self.node and self.is_alive(node, now):
                     remote.setdefault(node, []).append(user)
-        if self.on_control is not None and (rest := self.on_control(users, ctl)) is not None:
+        if (rest := self.controls.apply(users, ctl)) is not None:
             await rest
         for node, on_node in remote.items():
             with contextlib.suppress(BrokerUnavailable):
                 await self.control(node, on_node, ctl)
 
-    async def tell_all(self, users: list[str], ctl: dict[str, Any]) -> None:
+    async def tell_all(self, users: list[str], ctl: Control) -> None:
         """As ``tell``, but to every live node whether or not it holds a device of
         ``users`` now (a handshake may be registering there)."""
         now = time.time()
-        if self.on_control is not None and (rest := self.on_control(users, ctl)) is not None:
+        if (rest := self.controls.apply(users, ctl)) is not None:
             await rest
         for node, expiry in list(self.live.items()):
             if node != self.node and expiry > now:
                 with contextlib.suppress(BrokerUnavailable):
                     await self.control(node, users, ctl)
 
-    async def control(self, node: str, users: list[str], ctl: dict[str, Any]) -> None:
+    async def control(self, node: str, users: list[str], ctl: Control) -> None:
         """Tell ``node`` about a membership change of its local ``users``; returns
         once the broker confirmed it. Raises ``BrokerUnavailable``."""
-        await self.broker.publish(node, envelope.encode([({"u": users, "c": ctl}, b"")]))
+        head = {USERS: users, CONTROL: controls.encode(ctl)}
+        await self.broker.publish(node, envelope.encode([(head, b"")]))
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -328,45 +330,47 @@ class Router:
         self.stats["envelopes_in"] += 1
         try:
             for head, frame in envelope.decode(data):
-                if "c" in head:
-                    self._apply_control(list(head.get("u", ())), head["c"])
+                if CONTROL in head:
+                    self._apply_control(list(head.get(USERS, ())), head[CONTROL])
                     continue
-                watched = head.get("pr")
+                watched = head.get(PRESENCE)
                 if watched is not None:
                     self.stats["presence_in"] += 1
                     if self.presence is not None:
                         self.presence.deliver_presence(watched, frame)
                     continue
-                group = head.get("g")
+                group = head.get(GROUP)
                 if group is not None:
                     self.stats["group_msgs_in"] += 1
                     if self.groups is not None:
                         self.groups.deliver_group(group, frame, None)
                     continue
-                room = head.get("r")
+                room = head.get(ROOM)
                 if room is not None:
                     self.stats["room_msgs_in"] += 1
                     if self.rooms is not None:
-                        epoch = head.get("e")
+                        epoch = head.get(EPOCH)
                         self.rooms.deliver_room(
-                            room, frame, 1 if head.get("p") else 0, int(head.get("n", 0)),
+                            room, frame, 1 if head.get(PRIO) else 0, int(head.get(POS, 0)),
                             epoch if isinstance(epoch, str) else None)
                     continue
-                for user in head.get("u", ()):
+                for user in head.get(USERS, ()):
                     self.stats["remote_writes"] += self.local.deliver_to_user(user, frame, None)
         except envelope.EnvelopeError:
             self.stats["bad_envelopes"] += 1
             log.error("dropped a malformed envelope (%d bytes)", len(data))
 
-    def _apply_control(self, users: list[str], ctl: dict[str, Any]) -> None:
-        if self.on_control is None:
+    def _apply_control(self, users: list[str], raw: object) -> None:
+        ctl = controls.decode(raw)
+        if ctl is None:  # a kind this version does not know, or malformed
+            self.stats["bad_controls"] += 1
             return
         if len(self._controls) >= self.controls_max:
             self.stats["controls_dropped"] += 1  # bounded; a reconnect reloads groups
             return
         # Applied now, not in a task of its own: the group message queued right
         # behind a ``gdel`` must not still reach the removed member's device.
-        rest = self.on_control(users, ctl)
+        rest = self.controls.apply(users, ctl)
         if rest is None:
             return
         task = asyncio.ensure_future(rest)
@@ -381,8 +385,8 @@ class Router:
             if self.is_alive(item[1], now):
                 with contextlib.suppress(asyncio.QueueFull):
                     self._outq.put_nowait(item)
-        if self.on_resume is not None:
-            self.on_resume(lost_at)
+        for hook in self._on_resume:
+            hook(lost_at)
 
     def snapshot(self) -> dict[str, Any]:
         now = time.time()

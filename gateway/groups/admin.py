@@ -43,6 +43,7 @@ from gateway import frames
 from gateway.auth import check_user_id
 from gateway.config import Settings
 from gateway.errors import ProtocolError
+from router.controls import Control, GroupAdd, GroupDel
 from router.errors import BrokerUnavailable
 from store.ports import GroupCache, GroupStore
 
@@ -59,7 +60,7 @@ class ControlSender(Protocol):
     """Applies a membership change to the users' devices on every node
     (``router.Router.tell``) and returns once it has taken effect."""
 
-    async def tell(self, users: list[str], ctl: dict[str, Any]) -> None: ...
+    async def tell(self, users: list[str], ctl: Control) -> None: ...
 
 
 class GroupNotifier(ControlSender, Protocol):
@@ -95,7 +96,7 @@ class GroupAdmin:
         await self.cache.added(group, users, 0, complete=True)
         await self.cache.created(group)
         await self._announce(group, "added", users[1:], owner, direct=users, bound=False)
-        await self.notifier.tell(users, {"op": "gadd", "g": group})
+        await self.notifier.tell(users, GroupAdd(group))
         return group
 
     async def add(self, caller: str, group: str, users: list[str]) -> None:
@@ -106,7 +107,7 @@ class GroupAdmin:
             if added:
                 await self.cache.added(group, added, seq)
                 await self._announce(group, "added", added, caller, direct=added)
-                await self.notifier.tell(added, {"op": "gadd", "g": group})
+                await self.notifier.tell(added, GroupAdd(group))
 
     async def remove(self, caller: str, group: str, user: str) -> None:
         async with self._lease(group):
@@ -128,7 +129,7 @@ class GroupAdmin:
         if not await self.store.remove_member(group, user):
             return False
         await self.cache.removed(group, user)
-        await self.notifier.tell([user], {"op": "gdel", "g": group})
+        await self.notifier.tell([user], GroupDel(group))
         await self._announce(group, event, [user], by, direct=[user])
         return True
 
@@ -163,7 +164,7 @@ class GroupAdmin:
             users = await self.store.retire_members(group)
             await self.cache.dissolved(group, users)
             for i in range(0, len(users), TELL_CHUNK):
-                await self.notifier.tell(users[i:i + TELL_CHUNK], {"op": "gdel", "g": group})
+                await self.notifier.tell(users[i:i + TELL_CHUNK], GroupDel(group))
 
     # -- reading -----------------------------------------------------------------------
     async def list_groups(self, user: str) -> list[dict[str, Any]]:

@@ -13,13 +13,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Any
 
 from core.batcher import Batcher
 from core.errors import Unavailable
 from gateway.bindings import Bindings
 from gateway.groups.hub import GroupHub
 from gateway.hub import Client
+from router.controls import GroupAdd, GroupDel
 from router.routing import group_key
 from store.ports import GroupCache
 
@@ -56,20 +56,18 @@ class GroupPresence:
         for g in self.ghub.remove_all(client):
             self.bindings.idle(group_key(g), now)
 
-    def apply_control(self, users: list[str], ctl: dict[str, Any]) -> Awaitable[None] | None:
+    def apply_control(self, users: list[str], ctl: GroupAdd | GroupDel) -> Awaitable[None] | None:
         """A membership change for these users' local devices, in the group map
         at once (a group message queued behind the control sees it); returned:
         binding the group's key after a ``gadd``."""
-        group, op = ctl.get("g"), ctl.get("op")
-        if not isinstance(group, str):
-            return None
+        group = ctl.group
         joined = False
         for user in users:
             for client in self.ghub.user_devices(user):
-                if op == "gadd":
+                if isinstance(ctl, GroupAdd):
                     self.ghub.add(client, group)
                     joined = True
-                elif op == "gdel" and self.ghub.remove(client, group):
+                elif self.ghub.remove(client, group):
                     self.bindings.idle(group_key(group), time.monotonic())
         return self.bindings.ensure(group_key(group)) if joined else None
 

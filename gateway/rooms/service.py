@@ -41,6 +41,7 @@ from gateway.metrics import NodeMetrics
 from gateway.rooms.hub import RoomHub
 from gateway.rooms.positions import RoomPositions
 from router import BrokerUnavailable, Router
+from router.controls import RoomKick, RoomMute, RoomUnmute
 from router.routing import parse_key, room_key
 from store.errors import Unavailable
 from store.ports import RoomCountStore, RoomHistoryStore, SanctionStore
@@ -195,19 +196,17 @@ class LiveRooms:
         del self._muted[(room, user)]
         return False
 
-    def apply_control(self, users: list[str], ctl: dict[str, Any]) -> None:
+    def apply_control(self, users: list[str], ctl: RoomMute | RoomUnmute | RoomKick) -> None:
         """The server API's room controls for these users' local devices: a mute
         (``rmute``, until), its end (``runmute``), a kick (``rkick``: leave, told
         ``{"op":"left","room","reason":"kicked"}``)."""
-        op, room = ctl.get("op"), ctl.get("room")
-        if not isinstance(room, str):
-            return
+        room = ctl.room
         for user in users:
-            if op == "rmute" and isinstance(ctl.get("until"), int | float):
-                self._muted[(room, user)] = float(ctl["until"])
-            elif op == "runmute":
+            if isinstance(ctl, RoomMute):
+                self._muted[(room, user)] = ctl.until
+            elif isinstance(ctl, RoomUnmute):
                 self._muted.pop((room, user), None)
-            elif op == "rkick":
+            else:
                 frame = frames.left(room, reason="kicked")
                 for client in list(self.rooms.hub.users.get(user, {}).values()):
                     if self._left(client, room):

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from router.controls import Control
 from store.errors import GroupGone
+from store.groups_redis import RECALLED_KEPT
 from store.records import GroupMessage, GroupState, Membership
 from tests.core.fakes import Faulty
 
@@ -127,6 +129,27 @@ class FakeGroupStore(Faulty):
             m = self.members.get(group, {}).get(user)
             if m is not None:
                 self.members[group][user] = Membership(m.from_seq, max(m.read_seq, seq))
+
+    async def recall(self, mid: int, sender: str) -> GroupMessage | None:
+        """Recalled, body dropped; None if ``sender`` sent no group message ``mid``."""
+        self._up("recall")
+        for slot in self.msgs.values():
+            for seq, m in slot.items():
+                if m is not None and m.mid == mid and m.sender == sender:
+                    slot[seq] = m = GroupMessage(m.group, m.seq, m.mid, m.sender, m.cmid,
+                                                 None, m.wd, recalled=True)
+                    return m
+        return None
+
+    async def sender_of(self, mid: int) -> str | None:
+        self._up("sender_of")
+        return next((m.sender for slot in self.msgs.values() for m in slot.values()
+                     if m is not None and m.mid == mid), None)
+
+    async def recalled_seqs(self, group: str, limit: int) -> list[int]:
+        """The group's newest recalled seqs, newest first."""
+        self._up("recalled_seqs")
+        return sorted((m.seq for m in self._live(group) if m.recalled), reverse=True)[:limit]
 
     async def allocate(self, group: str, n: int, lastmid: int, rdmid: int) -> int:
         self._up("allocate")
@@ -258,6 +281,18 @@ class FakeGroupCache(Faulty):
         self._up("states")
         return {g: self.state.get(g, NO_STATE) for g in groups}
 
+    async def recalled(self, group: str, seq: int, mid: int, tombstone: bytes) -> None:
+        """As ``group_recall.lua``: on a known state, ``seq`` joins the recalled
+        seqs (newest last, at most ``RECALLED_KEPT``) and the last message, if it
+        was this one, becomes ``tombstone``; an unknown state is left alone."""
+        self._up("recalled")
+        old = self.state.get(group)
+        if old is None or seq in old.recalled:
+            return
+        kept = (*old.recalled, seq)[-RECALLED_KEPT:]
+        last = tombstone if old.lastmid == mid else old.last
+        self.state[group] = GroupState(old.seq, old.lastmid, last, old.rdmid, kept)
+
     async def created(self, group: str) -> None:
         self._up("created")
         self.state[group] = NO_STATE
@@ -270,7 +305,8 @@ class FakeGroupCache(Faulty):
             old = self.state.get(g, NO_STATE)
             newer = lastmid > old.lastmid and bool(last)
             self.state[g] = GroupState(max(old.seq, seq), max(old.lastmid, lastmid),
-                                       last if newer else old.last, max(old.rdmid, rdmid))
+                                       last if newer else old.last, max(old.rdmid, rdmid),
+                                       old.recalled)
         for user, g, seq in senders:
             await self.set_read(user, g, seq)
 
@@ -280,14 +316,14 @@ class FakeControl:
     told and each push, and all of them in order (``log``)."""
 
     def __init__(self) -> None:
-        self.told: list[tuple[list[str], dict[str, Any]]] = []
+        self.told: list[tuple[list[str], Control]] = []
         self.published: list[tuple[str, bytes]] = []  # (group, frame)
         self.pushed: list[tuple[list[str], bytes]] = []  # (users, frame)
         self.log: list[tuple[str, Any]] = []
 
-    async def tell(self, users: list[str], ctl: dict[str, Any]) -> None:
-        self.told.append((list(users), dict(ctl)))
-        self.log.append(("tell", (list(users), dict(ctl))))
+    async def tell(self, users: list[str], ctl: Control) -> None:
+        self.told.append((list(users), ctl))
+        self.log.append(("tell", (list(users), ctl)))
 
     async def publish_group_confirmed(self, group: str, frame: bytes) -> None:
         self.published.append((group, frame))

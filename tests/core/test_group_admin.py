@@ -18,6 +18,7 @@ from core.group_reads import read_status
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.groups import admin as group_admin
+from router.controls import GroupAdd, GroupDel
 from tests.core.world import World, build
 
 WD_MAX = 3
@@ -75,11 +76,11 @@ def test_read_status_counts_the_members_who_could_see_it_but_its_sender() -> Non
 async def test_add_pushes_the_event_before_the_new_members_are_bound(world: World) -> None:
     g = await world.admin.create("alice", "team", ["bob"])
     assert steps(world) == [("push", (["alice", "bob"], ev(g, "added", ["bob"], "alice"))),
-                            ("tell", (["alice", "bob"], {"op": "gadd", "g": g}))]
+                            ("tell", (["alice", "bob"], GroupAdd(g)))]
     await world.admin.add("alice", g, ["carol", "bob", "carol"])
     added = ev(g, "added", ["carol"], "alice")
     assert steps(world) == [("group", added), ("push", (["carol"], added)),
-                            ("tell", (["carol"], {"op": "gadd", "g": g}))]
+                            ("tell", (["carol"], GroupAdd(g)))]
     await world.admin.add("alice", g, ["bob"])  # nothing new: nobody told
     assert steps(world) == []
     pushed = world.control.pushed[-1][1]
@@ -91,11 +92,11 @@ async def test_remove_and_leave_unbind_first_then_push(world: World) -> None:
     steps(world)
     await world.admin.remove("alice", g, "bob")
     removed = ev(g, "removed", ["bob"], "alice")
-    assert steps(world) == [("tell", (["bob"], {"op": "gdel", "g": g})), ("group", removed),
+    assert steps(world) == [("tell", (["bob"], GroupDel(g))), ("group", removed),
                             ("push", (["bob"], removed))]
     await world.admin.leave("carol", g)
     left = ev(g, "left", ["carol"], "carol")
-    assert steps(world) == [("tell", (["carol"], {"op": "gdel", "g": g})), ("group", left),
+    assert steps(world) == [("tell", (["carol"], GroupDel(g))), ("group", left),
                             ("push", (["carol"], left))]
     cache = world.stores.group_cache
     assert cache.member_sets[g] == {"alice"} and g not in cache.by_user["carol"]
@@ -135,7 +136,7 @@ async def test_dissolve_announces_then_retires_every_member(world: World) -> Non
     assert await code_of(world.admin.dissolve("bob", g)) == "forbidden"
     await world.admin.dissolve("alice", g)
     assert steps(world) == [("group", ev(g, "dissolved", [], "alice")),
-                            ("tell", (["alice", "bob", "carol"], {"op": "gdel", "g": g}))]
+                            ("tell", (["alice", "bob", "carol"], GroupDel(g)))]
     assert await code_of(world.groups.send("bob", g, "b2", "x")) == "not_found"
     assert await code_of(world.groups.send("sys", g, "s1", "x", as_server=True)) == "not_found"
     for call in (world.admin.info("bob", g), world.admin.add("alice", g, ["dave"]),

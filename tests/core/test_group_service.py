@@ -18,6 +18,7 @@ from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.frames import group_frame
 from gateway.groups.service import GroupSendResult
+from router.controls import GroupAdd, GroupDel
 from store.records import GroupMessage
 from tests.core.fakes import settle
 from tests.core.world import World, build
@@ -47,13 +48,13 @@ def stored(world: World, group: str, r: GroupSendResult) -> GroupMessage:
 async def test_create_add_remove_tell_the_users_devices(world: World) -> None:
     told = world.control.told
     g = await world.admin.create("alice", "team", ["bob", "carol", "bob"])
-    assert told == [(["alice", "bob", "carol"], {"op": "gadd", "g": g})]
+    assert told == [(["alice", "bob", "carol"], GroupAdd(g))]
     assert await world.stores.group_cache.is_member(g, "carol")
 
     await world.admin.add("alice", g, ["dave", "bob", "dave"])  # bob is in already
-    assert told[-1] == (["dave"], {"op": "gadd", "g": g})
+    assert told[-1:] == [(["dave"], GroupAdd(g))]
     await world.admin.remove("alice", g, "carol")
-    assert told[-1] == (["carol"], {"op": "gdel", "g": g})
+    assert told[-1:] == [(["carol"], GroupDel(g))]
     assert not await world.stores.group_cache.is_member(g, "carol")
 
     await world.admin.remove("alice", g, "carol")  # not a member any more: nobody told

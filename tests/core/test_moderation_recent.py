@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from gateway import moderation as m
+from router.controls import Close, Revoke, Unban
 
 
 def conn(user: str, iat: float = 0.0):
@@ -23,20 +24,19 @@ def mod():
 
 async def test_a_ban_holds_back_a_late_registration_until_unbanned(mod):
     assert not mod.held_back(conn("u"))
-    assert mod.apply_control(["u"], {"op": "close", "reason": "banned", "ban": 1}) is None
+    assert mod.apply_control(["u"], Close("banned", ban=True)) is None
     assert mod.held_back(conn("u")) and not mod.held_back(conn("v"))
-    assert mod.apply_control(["u"], {"op": "unban"}) is None
+    assert mod.apply_control(["u"], Unban()) is None
     assert not mod.held_back(conn("u"))
 
 
 async def test_a_disconnect_is_not_remembered(mod):
-    assert mod.apply_control(["u"], {"op": "close",
-                             "reason": "disconnected by the server"}) is None
+    assert mod.apply_control(["u"], Close("disconnected by the server")) is None
     assert not mod.held_back(conn("u"))  # it may reconnect at once
 
 
 async def test_a_revocation_holds_back_older_tokens_only_and_is_forgotten(mod, monkeypatch):
-    assert mod.apply_control(["u"], {"op": "revoke", "before": 100.0}) is None
+    assert mod.apply_control(["u"], Revoke(100.0)) is None
     assert mod.held_back(conn("u", iat=50)) and not mod.held_back(conn("u", iat=150))
     later = m.time.monotonic() + m.RECENT_S + 1
     monkeypatch.setattr(m.time, "monotonic", lambda: later)

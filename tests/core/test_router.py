@@ -13,19 +13,32 @@ import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 import pytest
 
-from router import envelope
+from router import controls, envelope
 from router.base import BrokerStatus
 from router.broker_memory import MemoryBroker
+from router.controls import (
+    KINDS,
+    Close,
+    Control,
+    Controls,
+    GroupAdd,
+    GroupDel,
+    Revoke,
+    RoomKick,
+    RoomMute,
+    RoomUnmute,
+    Unban,
+)
 from router.router import Router
 from router.routing import group_key
 from tests.core.fakes import FakeRoutes, settle
 
-CTL = {"op": "gadd", "g": "G"}
+CTL = GroupAdd("G")
+CTL_WIRE = {"op": "gadd", "g": "G"}
 
 
 class Sockets:
@@ -100,18 +113,21 @@ class Rig:
     local: Sockets
     routes: FakeRoutes
     broker: RecordingBroker
-    controls: list[tuple[list[str], dict[str, Any], int]] = field(default_factory=list)
+    controls: list[tuple[list[str], Control, int]] = field(default_factory=list)
 
 
 async def start_rig(node: str, devices: dict[str, int]) -> Rig:
     local, routes, broker = Sockets(devices), FakeRoutes(), RecordingBroker()
     rig: Rig
 
-    async def on_control(users: list[str], ctl: dict[str, Any]) -> None:
+    async def on_control(users: list[str], ctl: Control) -> None:
         rig.controls.append((users, ctl, len(broker.published)))
 
+    controls = Controls()
+    for kind in KINDS:
+        controls.handle(kind, on_control)
     router = Router(node, local, broker, routes, rooms=local, groups=local,
-                    on_control=on_control)
+                    controls=controls)
     rig = Rig(router, local, routes, broker)
     await router.start()
     return rig
@@ -199,8 +215,8 @@ async def test_tell_applies_here_then_tells_each_live_node(rig: Rig) -> None:
 
     assert rig.controls == [(users, CTL, 0)]  # here first, before any publish
     assert rig.broker.sent("node") == [  # confirmed before tell returned
-        ("n2", [({"u": ["bob", "carol"], "c": CTL}, b"")]),
-        ("n4", [({"u": ["erin"], "c": CTL}, b"")]),
+        ("n2", [({"u": ["bob", "carol"], "c": CTL_WIRE}, b"")]),
+        ("n4", [({"u": ["erin"], "c": CTL_WIRE}, b"")]),
     ]
 
 
@@ -214,7 +230,7 @@ async def test_incoming_envelopes_reach_controls_users_groups_and_rooms(rig: Rig
     ])
     await rig.broker.publish("n1", env)  # the memory broker hands it to its own node
     assert await settle(lambda: bool(rig.controls))
-    assert [(u, c) for u, c, _ in rig.controls] == [(["bob"], {"op": "gdel", "g": "G"})]
+    assert [(u, c) for u, c, _ in rig.controls] == [(["bob"], GroupDel("G"))]
     assert rig.local.user_writes == [("bob", b"msg", None), ("nobody", b"msg", None)]
     assert rig.local.group_writes == [("G", b"gm", None)]
     assert rig.local.room_writes == [("R", b"rm1", 1), ("R", b"rm0", 0)]
@@ -278,3 +294,49 @@ async def test_malformed_envelopes_are_counted_and_dropped(rig: Rig) -> None:
     assert rig.controls == [] and rig.local.group_writes == []
     rig.router.on_envelope(envelope.encode([({"u": ["bob"]}, orjson.dumps({"ok": 1}))]))
     assert rig.local.user_writes[-1] == ("bob", b'{"ok":1}', None)  # still serving
+
+
+# -- controls --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ctl", [
+    GroupAdd("G"), GroupDel("G"), Close("disconnected by the server"), Close("banned", ban=True),
+    Revoke(1700000000.5), Unban(), RoomMute("R", 1700000000.0), RoomUnmute("R"), RoomKick("R"),
+])
+def test_every_control_crosses_the_wire_unchanged(ctl: Control) -> None:
+    assert controls.decode(orjson.loads(orjson.dumps(controls.encode(ctl)))) == ctl
+
+
+def test_the_wire_form_is_the_one_older_nodes_send() -> None:
+    assert controls.encode(GroupAdd("G")) == {"op": "gadd", "g": "G"}
+    assert controls.encode(Close("banned", ban=True)) == {"op": "close", "reason": "banned",
+                                                          "ban": 1}
+    assert controls.encode(Revoke(5.0)) == {"op": "revoke", "before": 5.0}
+    assert controls.encode(RoomMute("R", 9.0)) == {"op": "rmute", "room": "R", "until": 9.0}
+
+
+@pytest.mark.parametrize("raw", [
+    None, [], {}, {"op": "nope"}, {"op": "gadd"}, {"op": "gadd", "g": 1}, {"op": "rmute",
+    "room": "R"}, {"op": "rmute", "room": "R", "until": True}, {"op": "revoke", "before": "x"},
+    {"op": "rkick"},
+])
+def test_unknown_or_malformed_controls_decode_to_none(raw: object) -> None:
+    assert controls.decode(raw) is None
+
+
+async def test_a_malformed_control_is_dropped_and_counted(rig: Rig) -> None:
+    env = envelope.encode([({"u": ["bob"], "c": {"op": "gadd"}}, b""), ({"u": ["bob"]}, b"m")])
+    await rig.broker.publish("n1", env)
+    assert await settle(lambda: bool(rig.local.user_writes))
+    assert rig.controls == [] and rig.router.stats["bad_controls"] == 1
+
+
+def test_controls_dispatch_by_kind_and_name_the_kinds_without_a_handler() -> None:
+    seen: list[tuple[list[str], Control]] = []
+    c = Controls()
+    c.handle(GroupAdd, lambda users, ctl: seen.append((users, ctl)))
+    with pytest.raises(ValueError, match="GroupAdd already has a handler"):
+        c.handle(GroupAdd, lambda users, ctl: None)
+    assert c.apply(["u"], GroupAdd("G")) is None and seen == [(["u"], GroupAdd("G"))]
+    assert c.apply(["u"], GroupDel("G")) is None and len(seen) == 1  # no handler: nothing
+    assert "GroupAdd" not in c.missing() and "RoomKick" in c.missing()
