@@ -13,6 +13,7 @@ node has its number and name.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from router.controls import (
     RoomUnmute,
     Unban,
 )
+from router.positions import RoomPositions
 from router.routing import parse_key
 from store import Stores
 from store.ports import GroupCache, RouteStore
@@ -94,6 +96,7 @@ class App:
     events: Events
     presence: PresenceWatch
     watchers: PresenceSubs
+    stuck_close_s: float = 30.0  # a socket skipped for backlog this long is closed
 
     async def start(self) -> None:
         """Connect to the broker (raises if it cannot), start background work."""
@@ -115,7 +118,10 @@ class App:
         return name in (self.group_hub.members if kind == "group" else self.room_hub.members)
 
     async def tick(self) -> None:
-        """Room housekeeping (every ``IM_ROOM_REPORT_S``)."""
+        """Housekeeping (every ``IM_ROOM_REPORT_S``): room counts, idle bindings,
+        and sockets stuck too long (slow readers of any traffic: the socket
+        writer owns the rule)."""
+        self.hub.writer.close_stuck(self.stuck_close_s, time.monotonic())
         await self.live.tick()
         await self.bindings.sweep(time.monotonic(), self.key_in_use)
         self.bindings.tick_metrics()
@@ -125,7 +131,8 @@ class App:
         broker last (pushes of what was flushed still go out)."""
         return [("route writes", self.registry.close), ("claims", self.claims.close),
                 ("chat", self.chat.close),
-                ("rooms", self.live.close), ("groups", self.groups.close),
+                ("rooms", self.live.close), ("room positions", self.router.close_positions),
+                ("groups", self.groups.close),
                 ("group loads", self.group_presence.close), ("feed", self.feed.close),
                 ("replay", self.replay.close), ("presence", self.presence.close),
                 ("events", self.events.close),
@@ -151,8 +158,13 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     replay = Replay(hub, stores.offline, metrics)
     controls = Controls()  # handlers registered below, once their targets exist
     watchers = PresenceSubs(hub, bindings, s.presence_subs_max)
+    positions = functools.partial(
+        RoomPositions, store=stores.room_history, window_s=s.room_window_ms / 1000,
+        pending_max=s.room_pending_max, observe=metrics.room_stage.labels("position").observe,
+        count=lambda outcome, rooms: metrics.room_positions.labels(outcome).inc(rooms))
     router = Router(name, hub, broker, stores.routes, rooms=room_hub, groups=group_hub,
-                    presence=watchers, controls=controls)
+                    presence=watchers, controls=controls,
+                    positions=positions if s.room_history > 0 else None)
     router.when_resumed(replay.resumed)  # pushes lost meanwhile, again
     moderation = Moderation(stores.sanctions, router, hub, s.auth_max_ttl_s,
                             metrics.sanctions_unchecked.inc)
@@ -222,7 +234,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         raise RuntimeError(f"controls without a handler: {', '.join(missing)}")
     return App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
                conversations, live, feed, registry, replay, sessions, http, events, watch,
-               watchers)
+               watchers,
+               stuck_close_s=s.stuck_close_s)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,22 @@
-"""Where a message goes: local sockets now, other nodes through the broker.
+"""Where a message goes: this node's sockets at once, other nodes through the
+broker. The router delivers locally the same way for users, groups, presence
+and rooms; deciding whom a message is for (a group's members, an author's
+followers) belongs to the feature that owns it.
 
-(Group write diffusion is ``group_fanout.py``; a post's fan-out to its
-author's followers' timelines is ``timeline_fanout.py``.)
+Nothing here awaits per message. Local devices get the frame at once; for
+other nodes records are queued, and once per event-loop tick the queued
+records become one envelope per node (users, controls) or per routing key
+(a group, a room, a user's presence: every node bound to it), handed to a
+publisher task that publishes batches concurrently and gathers their
+confirms. A caller that must know the broker took its message (a room
+send, a group event ahead of a membership change) gets a future, settled
+with the confirm of the envelope carrying it.
 
-``push`` never awaits. Local devices get the frame at once; for every other
-live node holding one of the user's devices a record is queued, and once per
-event-loop tick the queued records become one envelope per node, handed to
-a publisher task that publishes batches concurrently and gathers their
-confirms. Everything is best effort on top of a durable store: the message
-is already in the receiver's offline store, so a push lost to a dead node
-or a broker outage is recovered by the replay on resume or by sync.
+1:1 and group pushes are best effort on top of a durable store: the message
+is already in the receiver's offline store, so a push lost to a dead node or
+a broker outage is recovered by the replay on resume or by sync. A room
+message has no store behind it but its history: its sender is told
+``unavailable`` when the broker did not take it.
 """
 
 from __future__ import annotations
@@ -34,15 +41,16 @@ from router.base import (
 from router.controls import Control, Controls
 from router.envelope import CONTROL, EPOCH, GROUP, POS, PRESENCE, PRIO, ROOM, USERS
 from router.errors import BrokerUnavailable
+from router.positions import Out, RoomPositions, positioned
 from router.routing import group_key, parse_key, presence_key, room_key
 from store.ports import RouteStore
 
 __all__ = ["Router"]
 
 log = logging.getLogger("router")
-# An outbox item: (exchange kind "node" or "room", routing key, envelope,
-# future to settle with the confirm, or None when nobody waits on it).
-_Item = tuple[str, str, bytes, "asyncio.Future[None] | None"]
+# An outbox item: (exchange kind "node" or "room", routing key, envelope, the
+# futures to settle with the confirm, or None when nobody waits on it).
+_Item = tuple[str, str, bytes, "list[asyncio.Future[None]] | None"]
 
 
 class Router:
@@ -52,6 +60,7 @@ class Router:
         self, node: str, local: LocalDelivery, broker: Broker, routes: RouteStore,
         *, rooms: RoomDelivery | None = None, groups: GroupDelivery | None = None,
         presence: PresenceDelivery | None = None, controls: Controls | None = None,
+        positions: Callable[[Out], RoomPositions] | None = None,
         outbox_max: int = 10_000, publish_batch: int = 64, controls_max: int = 1000,
     ) -> None:
         self.node = node
@@ -72,7 +81,9 @@ class Router:
         self.stats: dict[str, int] = defaultdict(int)
         self._records: dict[str, list[envelope.Record]] = defaultdict(list)
         self._key_records: dict[str, list[envelope.Record]] = {}
-        self._key_waiters: dict[str, asyncio.Future[None]] = {}
+        self._key_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        # Rooms that keep history: positions first (built here, fed to ``_room_out``).
+        self.positions = positions(self._positioned) if positions is not None else None
         self._flush_scheduled = False
         self._outq: asyncio.Queue[_Item] = asyncio.Queue(maxsize=outbox_max)
         self._failed: deque[_Item] = deque(maxlen=outbox_max)
@@ -149,26 +160,48 @@ class Router:
         if dead:
             self._purge(user, dead)
 
-    def publish_room(self, room: str, fragment: bytes, prio: int, pos: int = 0,
-                     epoch: str | None = None) -> asyncio.Future[None]:
-        """Queue one room message for every other node serving ``room``.
+    def publish_room(self, room: str, fragment: bytes, prio: int) -> asyncio.Future[None]:
+        """One room message (an encoded JSON object) to every member of ``room``:
+        positioned first when rooms keep history, then this node's members at
+        once and one record in the tick's envelope for every other node bound
+        to the room. Never awaits. The future settles when the broker confirmed
+        that envelope; it fails with ``Unavailable`` when no position could be
+        taken and ``BrokerUnavailable`` when the broker did not take it."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.positions is not None:
+            self.positions.submit(room, fragment, prio, fut)
+        else:
+            self._room_out(room, fragment, prio, 0, None, fut)
+        return fut
 
-        Never awaits. The returned future settles when the broker confirmed
-        the envelope carrying it (a room's messages of one loop tick share
-        one envelope), or fails with ``BrokerUnavailable``. The caller
-        delivers to its own local members itself.
-        """
-        key = room_key(room)
-        waiter = self._key_waiters.get(key)
-        if waiter is None:
-            waiter = self._key_waiters[key] = asyncio.get_running_loop().create_future()
-            self._key_records[key] = []
+    def _positioned(self, room: str, epoch: str, first: int,
+                    items: list[tuple[bytes, int, asyncio.Future[None]]]) -> None:
+        for k, (fragment, prio, fut) in enumerate(items):
+            self._room_out(room, positioned(fragment, first + k), prio, first + k, epoch, fut)
+
+    def _room_out(self, room: str, fragment: bytes, prio: int, pos: int, epoch: str | None,
+                  fut: asyncio.Future[None]) -> None:
+        if self.rooms is not None:
+            self.rooms.deliver_room(room, fragment, prio, pos, epoch)
         head: dict[str, Any] = {ROOM: room, PRIO: 1} if prio else {ROOM: room}
         if epoch is not None:  # positioned: receivers keep the order
             head[POS], head[EPOCH] = pos, epoch
-        self._key_records[key].append((head, fragment))
-        self._schedule_flush()
-        return waiter
+        key = room_key(room)
+        self._to_key(key, head, fragment)
+        self._wait(key, fut)
+
+    def _wait(self, key: str, fut: asyncio.Future[None]) -> None:
+        """Settle ``fut`` with the confirm of the tick's envelope for ``key``."""
+        waiters = self._key_waiters.get(key)
+        if waiters is None:
+            self._key_waiters[key] = [fut]
+        else:
+            waiters.append(fut)
+
+    async def close_positions(self) -> None:
+        """Let the positions in flight finish (a drain: before the broker closes)."""
+        if self.positions is not None:
+            await self.positions.close()
 
     async def push_users(self, users: Sequence[str], frame: bytes) -> None:
         """``frame`` to every device of ``users`` anywhere (one route lookup for all)."""
@@ -198,12 +231,10 @@ class Router:
         carrying it, so a control or message published after this is queued
         behind it on every node (a group event before a membership change).
         Raises ``BrokerUnavailable``."""
-        key = group_key(group)
-        waiter = self._key_waiters.get(key)
-        if waiter is None:
-            waiter = self._key_waiters[key] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.publish_group(group, frame)
-        await asyncio.shield(waiter)  # shared by the tick's callers: one's cancel is its own
+        self._wait(group_key(group), fut)
+        await fut
 
     def publish_presence(self, user: str, frame: bytes) -> None:
         """A change of ``user``'s presence to this node's devices watching it at
@@ -264,10 +295,10 @@ class Router:
         records, self._records = self._records, defaultdict(list)
         for node, recs in records.items():
             self._enqueue(("node", node, envelope.encode(recs), None), len(recs))
-        rooms, self._key_records = self._key_records, {}
+        keys, self._key_records = self._key_records, {}
         waiters, self._key_waiters = self._key_waiters, {}
-        for room, recs in rooms.items():
-            self._enqueue(("room", room, envelope.encode(recs), waiters.get(room)), len(recs))
+        for key, recs in keys.items():
+            self._enqueue(("room", key, envelope.encode(recs), waiters.get(key)), len(recs))
 
     def _enqueue(self, item: _Item, records: int) -> None:
         try:
@@ -394,10 +425,11 @@ class Router:
         return {"node": self.node, "live_nodes": live, **self.stats}
 
 
-def _settle(waiter: asyncio.Future[None] | None, error: BaseException | None) -> None:
-    if waiter is None or waiter.done():
-        return
-    if error is None:
-        waiter.set_result(None)
-    else:
-        waiter.set_exception(error)
+def _settle(waiters: list[asyncio.Future[None]] | None, error: BaseException | None) -> None:
+    for fut in waiters or ():
+        if fut.done():
+            continue
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)

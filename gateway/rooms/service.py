@@ -7,13 +7,13 @@ online counts, and the once-a-second housekeeping.
 - Counts: each join or leave writes this node's count for the room and
   reads the total across live nodes in the same round trip (batched with
   every other join and leave in flight); nobody is told about joins.
-- ``room_send``: checked, encoded once, queued for local members at once and
-  published to the other nodes; the sender's ``ok`` waits for the broker's
-  confirm of the envelope carrying it (``unavailable`` otherwise).
-- History (``IM_ROOM_HISTORY`` > 0, rooms v2): a message first takes its
-  position (``gateway/rooms/positions.py``: one Redis call per room per
-  window), then goes out as above. ``join`` binds first, then reads the room's
-  position and kept messages, so nothing falls between what the reply
+- ``room_send``: checked, encoded once and handed to the router, which
+  positions it when rooms keep history (``router/positions.py``), writes it
+  to this node's members and publishes it to the other nodes; the sender's
+  ``ok`` waits for the broker's confirm of the envelope carrying it
+  (``unavailable`` otherwise).
+- History (``IM_ROOM_HISTORY`` > 0): ``join`` binds first, then reads the
+  room's position and kept messages, so nothing falls between what the reply
   carries and what arrives live (the two may overlap: clients dedup by pos).
 """
 
@@ -39,7 +39,6 @@ from gateway.frames import body_value
 from gateway.hub import Client
 from gateway.metrics import NodeMetrics
 from gateway.rooms.hub import RoomHub
-from gateway.rooms.positions import RoomPositions
 from router import BrokerUnavailable, Router
 from router.controls import RoomKick, RoomMute, RoomUnmute
 from router.routing import parse_key, room_key
@@ -77,11 +76,7 @@ class LiveRooms:
             self._flush_counts, name="room-counts", max_batch=settings.batch_max,
             max_pending=settings.pending_max)
         self.history = history
-        self.positions: RoomPositions | None = None
-        if settings.room_history > 0:
-            self.positions = RoomPositions(
-                history, rooms.deliver_room, router.publish_room, metrics,
-                window_s=settings.room_window_ms / 1000, pending_max=settings.room_pending_max)
+        self.keeps_history = settings.room_history > 0
         self._logs: Batcher[tuple[str, bool], RoomLog] = Batcher(
             history.read, name="redis", max_batch=settings.batch_max,
             max_pending=settings.pending_max)
@@ -92,7 +87,7 @@ class LiveRooms:
         """Join: the ``joined`` reply's fields (``online``; with history kept,
         ``epoch``, ``pos`` and ``msgs``, and ``recovered`` when ``since`` is
         given)."""
-        if self.positions is None:  # no history kept: nothing can be recovered
+        if not self.keeps_history:  # nothing can be recovered
             online, _ = await self._join(client, room, None)
             out: dict[str, Any] = {"online": online[0], "users": online[1]}
             if since is not None:
@@ -167,13 +162,6 @@ class LiveRooms:
         fragment = orjson.dumps({"from": client.user, "body": body_value(body),
                                  "ts": int(time.time() * 1000)})
         self.metrics.room_sends.labels("accepted").inc()
-        return self._out(room, fragment, prio)
-
-    def _out(self, room: str, fragment: bytes, prio: int) -> asyncio.Future[None]:
-        """To local members and the other nodes, positioned first when kept."""
-        if self.positions is not None:
-            return self.positions.submit(room, fragment, prio)
-        self.rooms.deliver_room(room, fragment, prio)
         return self.router.publish_room(room, fragment, prio)
 
     async def publish(self, room: str, body: bytes, prio: int, sender: str) -> None:
@@ -183,7 +171,7 @@ class LiveRooms:
                                  "ts": int(time.time() * 1000)})
         self.metrics.room_sends.labels("server").inc()
         try:
-            await self._out(room, fragment, prio)
+            await self.router.publish_room(room, fragment, prio)
         except BrokerUnavailable as exc:
             raise Unavailable("rabbitmq", type(exc).__name__) from exc
 
@@ -252,8 +240,6 @@ class LiveRooms:
             except Unavailable as exc:
                 self._dirty |= dirty
                 log.warning("room counts not written: %s", exc)
-        # Slow sockets of any traffic (rooms, groups, 1:1): the writer owns the rule.
-        self.rooms.hub.writer.close_stuck(s.stuck_close_s, now)
 
     def rewrite_counts(self) -> None:
         """Redis lost its data: write every local count again at the next tick."""
@@ -263,8 +249,6 @@ class LiveRooms:
         """Drain: this node's members leave every count at once."""
         await self._report.close()
         await self._logs.close()
-        if self.positions is not None:
-            await self.positions.close()
         with contextlib.suppress(Unavailable):
             await self.counts.forget_node(self.node, list(self.rooms.members))
 
