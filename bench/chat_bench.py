@@ -57,6 +57,7 @@ from bench import cli, common, report
 from bench.cluster import Run, process_names
 from bench.load import TEXT, Load, open_load, paced, run_phase, saturate
 from bench.report import fmt, header_lines, load_section, md_table, profile_section
+from bench.stats import latency_summary
 from store.messages_mongo import INDEXES, body_doc, box_docs
 from store.records import ChatMessage
 from testkit.nodes import NodeProcess
@@ -164,7 +165,7 @@ async def store_paced_phase(mongo_url: str, db_name: str, rate: float, batches: 
                             seconds: float) -> list[dict[str, Any]]:
     """What the node's Mongo stage writes per batch (bodies, then box entries), one
     batch at a time, paced at ``rate`` msgs/s, for each batch size: per-batch latency.
-    The floor of the node's ack latency at that rate (``bench.store_probe`` runs it alone)."""
+    The floor of the node's ack latency at that rate (``--store-paced``)."""
     client = raw_client(mongo_url)
     db = client[db_name]
     out: list[dict[str, Any]] = []
@@ -182,7 +183,7 @@ async def store_paced_phase(mongo_url: str, db_name: str, rate: float, batches: 
                 lat.append(time.perf_counter() - t)
                 await asyncio.sleep(max(0.0, batch / rate - (time.perf_counter() - t)))
             out.append({"batch": batch, "rate": round(rate, 1),
-                        "latency": common.latency_summary(lat, (50, 95, 99))})
+                        "latency": latency_summary(lat, (50, 95, 99))})
     finally:
         await client.drop_database(db_name)
         await client.close()

@@ -1,16 +1,16 @@
-"""Shared helpers for the benchmarks: percentiles, timing, phases that fail alone,
+"""Shared helpers for the benchmarks: timing, phases that fail alone,
 machine facts, CPU accounting and measured windows (``Meter``, ``measure_window``),
 node logs and metrics, py-spy profiles, result files, and child processes (both
 sides: ``Child``; ``emit``, ``stdin_lines``).
 
-Nodes, clients and cleanup come from ``testkit``; the chat load is ``bench/load.py``.
+Nodes, clients and cleanup come from ``testkit``; the chat load is ``bench/load.py``;
+percentiles and histograms are ``bench/stats.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import platform
 import re
@@ -41,33 +41,6 @@ def say(who: str, msg: str) -> None:
 
 def utc_stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-
-
-def percentile(sorted_values: list[float], p: float) -> float | None:
-    """Nearest-rank percentile of an already sorted list (None when empty)."""
-    if not sorted_values:
-        return None
-    rank = min(len(sorted_values), max(1, math.ceil(p / 100 * len(sorted_values))))
-    return sorted_values[rank - 1]
-
-
-def merge_counts(dicts: list[dict[Any, int]]) -> dict[Any, int]:
-    """Counts summed key by key."""
-    return dict(sum((Counter(d) for d in dicts), Counter()))
-
-
-def latency_summary(samples: list[float], ps: tuple[float, ...] = (50, 95, 99),
-                    mean: bool = False) -> dict[str, Any]:
-    """Milliseconds: count, the given percentiles, max (and the mean)."""
-    ordered = sorted(samples)
-    out: dict[str, Any] = {"count": len(ordered)}
-    for p in ps:
-        v = percentile(ordered, p)
-        out[f"p{p:g}_ms"] = None if v is None else round(v * 1000, 2)
-    out["max_ms"] = round(ordered[-1] * 1000, 2) if ordered else None
-    if mean:
-        out["mean_ms"] = round(sum(ordered) / len(ordered) * 1000, 2) if ordered else None
-    return out
 
 
 async def reported(job: Awaitable[dict[str, Any]], budget: float | None = None

@@ -52,6 +52,7 @@ from bench import cli, common
 from bench.cluster import Run
 from bench.idle_clients import SECRET_ENV
 from bench.report import fmt, header_lines, md_table, node_lines
+from bench.stats import merge_counts
 
 TARGET_BYTES = 16 * 1024
 TARGET_CONNECTIONS = 15_000
@@ -143,7 +144,7 @@ async def measure(kind: str, pid: int, ws_url: str, http_url: str | None,
         "server": kind, "pid": pid, "ws_url": ws_url,
         "connections": args.connections, "warmup_open": warm_open,
         "opened_after_baseline": opened_after, "failed": failed,
-        "attempt_errors": common.merge_counts([r["attempt_errors"] for r in warm + rest]),
+        "attempt_errors": merge_counts([r["attempt_errors"] for r in warm + rest]),
         "open_seconds": round(open_s, 2),
         "open_per_s": round(opened_after / open_s, 1) if open_s else None,
         "memory_before": before, "memory_after": after,

@@ -19,6 +19,7 @@ from typing import Any
 from bench import common
 from bench.cluster import NODES, Run, process_names
 from bench.report import fmt, lat, md_table, profile_section
+from bench.stats import latency_summary, percentile
 from testkit.soak import Endpoint, Soak, SoakUser
 
 DRAIN_S = 10.0  # bound on finishing the sends in flight after the stop
@@ -34,7 +35,7 @@ def _first_after(times: list[float], t0: float) -> float | None:
 def _timing(samples: list[float | None]) -> dict[str, Any]:
     """Seconds after the kill (None = never) -> count, p50/p95/max in ms, how many never."""
     reached = [s for s in samples if s is not None]
-    out = common.latency_summary(reached, (50, 95))
+    out = latency_summary(reached, (50, 95))
     out["clients"], out["never"] = len(samples), len(samples) - len(reached)
     return out
 
@@ -98,7 +99,7 @@ def analyse(soak: Soak, victim: int, t_kill: float, t_stop: float,
         a, b = t_kill + s, t_kill + s + 1
         acks = [(lat, home) for t, lat, home in soak.acks if a <= t < b]
         stayed = sorted(lat for lat, home in acks if home != victim)
-        p50 = common.percentile(stayed, 50)
+        p50 = percentile(stayed, 50)
         timeline.append({
             "s": s, "acks": len(acks), "acks_moved": sum(1 for _, h in acks if h == victim),
             "pushes": sum(1 for t in soak.pushes_at if a <= t < b),
@@ -136,7 +137,7 @@ async def final_sync(soak: Soak, users: list[SoakUser]) -> dict[str, Any]:
     return {"users": len(users), "pages": len(page_s),
             "retries_after_503": failures.pop("status 503", 0),
             "seconds": round(time.perf_counter() - started, 2), "failures": failures,
-            "page_latency": common.latency_summary(page_s, (50, 99))}
+            "page_latency": latency_summary(page_s, (50, 99))}
 
 
 async def failover_phase(args: argparse.Namespace, run: Run) -> dict[str, Any]:

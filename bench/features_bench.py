@@ -77,6 +77,7 @@ from bench import cli, common
 from bench import group_support as gs
 from bench.cluster import NODES, Run, process_names
 from bench.features_report import PEER, UNWATCHED, WATCHED, render
+from bench.stats import latency_summary
 from gateway.chat.ops import TYPING_EVERY_S
 from testkit.device import Device
 from testkit.http import HttpUsers
@@ -135,7 +136,7 @@ def presence_frame(user: str, online: bool) -> Callable[[Frame], bool]:
 
 
 def summary(samples: list[float | None]) -> dict[str, Any]:
-    return common.latency_summary([s for s in samples if s is not None])
+    return latency_summary([s for s in samples if s is not None])
 
 
 # -- the benchmark ----------------------------------------------------------------------
@@ -310,7 +311,7 @@ class Bench:
         await arr.wait(a.watchers, a.grace + a.round_timeout)
         return {"to_node": 1 % NODES, "sent": a.sends, "acked": len(acks),
                 "delivered": len(got), "errors": dict(errors),
-                "ack": common.latency_summary(acks), "delivery": common.latency_summary(got),
+                "ack": latency_summary(acks), "delivery": latency_summary(got),
                 "seconds": seconds, "cpu": cpu}
 
     # -- 2. typing in a group --------------------------------------------------------------

@@ -35,6 +35,7 @@ import redis.asyncio as aioredis
 from bench import cli, common
 from bench.cluster import Run
 from bench.report import fmt, header_lines, lat, md_table, node_lines
+from bench.stats import latency_summary
 from gateway.feed.fanout import FANOUT_CHUNK
 from store.counters_redis import CountersRedis
 from store.feed_mongo import FEED_INDEXES, tl_id
@@ -53,7 +54,7 @@ CONCURRENCY = 50
 LIMIT = 50
 SERVICES = ("secantusd", "redis-server", "beam.smp", "epmd", "mongod", "nats-server")
 log = functools.partial(common.say, "feed_bench")
-summary = functools.partial(common.latency_summary, mean=True)
+summary = functools.partial(latency_summary, mean=True)
 
 
 def ms(seconds: float) -> float:
@@ -214,7 +215,8 @@ class Bench:
         cold, _ = await http.call("GET", user, path)
         for _ in range(5):
             await http.call("GET", user, path)
-        times, bad = ([], []), []
+        times: tuple[list[float], list[float]] = ([], [])
+        bad: list[str] = []
         for _ in range(self.args.repeat):
             cursor = None
             for k in (0, 1):

@@ -54,6 +54,7 @@ from bench import cli, common
 from bench import group_support as gs
 from bench.cluster import Run
 from bench.report import cleanup_line, fmt, header_lines, md_table, node_lines
+from bench.stats import latency_summary
 from gateway.config import Settings
 from testkit.device import Device
 from testkit.http import HttpUsers
@@ -161,7 +162,7 @@ class Bench:
         idle = await gs.idle_rates(self.probe, min(window["seconds"], self.args.idle_max))
         res = {"messages": n, "acked": len(lat), "errors": dict(errors),
                "seq_contiguous": bool(seqs) and seqs == list(range(seqs[0], seqs[0] + n)),
-               "ack": common.latency_summary(lat, mean=True),
+               "ack": latency_summary(lat, mean=True),
                "window_s": round(window["seconds"], 3), "idle": idle,
                **gs.per_msg_costs(window, idle, n),
                "docs_per_msg": {c: (docs1[c] - docs0[c]) / n for c in docs0},
@@ -172,7 +173,7 @@ class Bench:
         push_lat = [x for p in pushes for x in p.latency]
         res["pushes"] = {"listeners": len(listeners), "expected": n * len(listeners),
                          "received": sum(p.count for p in pushes),
-                         "latency": common.latency_summary(push_lat),
+                         "latency": latency_summary(push_lat),
                          "unexpected_frames": {k: v for d in (sender, *listeners)
                                                for k, v in gs.unexpected(d).items()}}
         return res
@@ -190,7 +191,7 @@ class Bench:
         return {"redis_cmds_per_msg": (sum(d["redis"].values()) - bg) / n,
                 "hincrby_per_msg": d["redis"].get("hincrby", 0) / n,
                 "foreign_clients": await self.foreign(d["seconds"]),
-                "time": common.latency_summary(took, mean=True)}
+                "time": latency_summary(took, mean=True)}
 
     # -- 2. conversations ----------------------------------------------------------
     async def conversations_phase(self) -> dict[str, Any]:
@@ -251,7 +252,7 @@ class Bench:
         d, (cpu_s, cpu) = gs.delta(c0, await self.probe.counters()), meter.stop()
         bg = sum(idle["redis"].values()) * d["seconds"]
         return {"calls": n, "rows": rows, "bytes": max(sizes),
-                "latency": common.latency_summary(lat, mean=True),
+                "latency": latency_summary(lat, mean=True),
                 "expected_total_unread": expected,
                 "total_unread_ok": not wrong, "wrong_totals": sorted(set(wrong))[:5],
                 "redis_cmds_per_call": (sum(d["redis"].values()) - bg) / n,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import common
+from bench.stats import latency_summary
 from testkit.device import Device, DeviceClosed
 from testkit.nodes import NodeProcess
 from testkit.poll import until
@@ -92,8 +93,8 @@ class Load:
         return sum(s.inflight for s in self.senders)
 
     async def close(self) -> None:
-        await asyncio.gather(*(d.dev.close() for d in [*self.senders, *self.receivers]),
-                             return_exceptions=True)
+        await asyncio.gather(*(s.dev.close() for s in self.senders),
+                             *(r.dev.close() for r in self.receivers), return_exceptions=True)
 
 
 class Sender:
@@ -222,9 +223,9 @@ def summarise(stats: PhaseStats, seconds: float, cpu: dict[str, Any],
         "acks_per_s": round(stats.acks / seconds, 1),
         "deliveries_per_s": round(stats.deliveries / seconds, 1),
         "errors": dict(stats.errors), **drain,
-        "ack_latency": common.latency_summary(stats.ack_lat),
-        "delivery_latency": common.latency_summary(stats.dlv_lat),
-        "send_lag": common.latency_summary(stats.lag),
+        "ack_latency": latency_summary(stats.ack_lat),
+        "delivery_latency": latency_summary(stats.dlv_lat),
+        "send_lag": latency_summary(stats.lag),
         "cpu": cpu,
     }
 

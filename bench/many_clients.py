@@ -33,8 +33,8 @@ one JSON line on stdout:
 
 A **drop** is a held connection (opened, not yet told to close) whose socket
 closed or got a close frame: counted by kind and node, with the first times.
-Latencies go into log histograms (``Hist``: 0.5 % buckets, as ``bench.room_client``;
-``merge_hists`` and ``summary`` serve the benchmark).
+Latencies go into log histograms (``bench.stats.LogHist``, as ``bench.room_client``;
+merged and summarised by the benchmark with ``bench.stats``).
 Every wait is bounded; EOF on stdin closes everything.
 """
 
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import random
 import resource
@@ -59,60 +58,14 @@ from websockets.frames import Opcode
 
 from bench.cli import check_loopback
 from bench.common import emit, raise_fd_limit, run_loop, stdin_lines
+from bench.stats import LogHist
 from testkit.lean import LeanSocket
 from testkit.tokens import issue_token
 
 SECRET_ENV = "MANY_CONNS_SECRET"
 TICK_S = 0.05  # ping scheduler slot
-LOG_BUCKETS = 200  # histogram buckets per factor e (0.5 % wide), as bench.room_client
 IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 TEXT = "hello from the many-connections benchmark"
-
-
-class Hist:
-    """A log histogram of seconds (the buckets of ``bench.room_client``) and its max."""
-
-    def __init__(self) -> None:
-        self.buckets: dict[int, int] = {}
-        self.max = 0.0
-        self.count = 0
-
-    def add(self, seconds: float) -> None:
-        us = seconds * 1e6
-        i = int(math.log(us) * LOG_BUCKETS) if us > 1 else 0
-        self.buckets[i] = self.buckets.get(i, 0) + 1
-        self.count += 1
-        if seconds > self.max:
-            self.max = seconds
-
-    def report(self) -> dict[str, Any]:
-        return {"hist": self.buckets, "max": self.max, "count": self.count}
-
-
-def merge_hists(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Merged ``Hist.report()``s of several processes (JSON keys are strings)."""
-    hist: dict[int, int] = {}
-    for p in parts:
-        for k, v in p["hist"].items():
-            hist[int(k)] = hist.get(int(k), 0) + v
-    return {"hist": hist, "max": max((p["max"] for p in parts), default=0.0),
-            "count": sum(p["count"] for p in parts)}
-
-
-def summary(h: dict[str, Any]) -> dict[str, Any]:
-    """count, p50 / p99 (ms, bucket midpoints: +-0.25 %) and the exact max."""
-    total = sum(h["hist"].values())
-    out: dict[str, Any] = {"count": total, "p50_ms": None, "p99_ms": None,
-                           "max_ms": round(h["max"] * 1000, 2) if total else None}
-    for p in (50, 99):
-        rank, seen = max(1, math.ceil(p / 100 * total)), 0
-        for k in sorted(h["hist"]):
-            seen += h["hist"][k]
-            if seen >= rank:
-                mid = math.exp((k + 0.5) / LOG_BUCKETS) / 1e6  # never above the exact max
-                out[f"p{p}_ms"] = round(min(mid, h["max"]) * 1000, 2)
-                break
-    return out
 
 
 class Conn(LeanSocket):
@@ -172,9 +125,9 @@ class Clients:
         Conn.owner = self
 
     def reset_traffic(self) -> None:
-        self.ping_rtt, self.pings_sent, self.pongs = Hist(), 0, 0
+        self.ping_rtt, self.pings_sent, self.pongs = LogHist(), 0, 0
         self.ping_overdue = self.pong_late = 0
-        self.ack_lat, self.dlv_lat = Hist(), Hist()
+        self.ack_lat, self.dlv_lat = LogHist(), LogHist()
         self.sends: dict[int, tuple[float, str]] = {}  # rid -> (perf_counter, key)
         self.sent = self.acked = 0
         self.acked_keys: set[str] = set()
@@ -182,15 +135,15 @@ class Clients:
         self.dup_deliveries = 0
         self.send_errors: Counter[str] = Counter()
         self.joins: dict[int, asyncio.Future[None]] = {}
-        self.join_lat = Hist()
+        self.join_lat = LogHist()
         self.room_marker = ""
         self.room_sends: dict[int, float] = {}
         self.room_sent = self.room_acked = self.room_got = 0
-        self.room_ack_lat, self.room_lat = Hist(), Hist()
-        self.lag = Hist()
+        self.room_ack_lat, self.room_lat = LogHist(), LogHist()
+        self.lag = LogHist()
 
     # -- connect -------------------------------------------------------------
-    async def dial(self, g: int, hs: Hist, errors: Counter[str]) -> Conn | None:
+    async def dial(self, g: int, hs: LogHist, errors: Counter[str]) -> Conn | None:
         a, node = self.args, g % len(self.urls)
         u = self.urls[node]
         host, port = u.hostname or "127.0.0.1", u.port or 80
@@ -225,7 +178,7 @@ class Clients:
     async def open(self, count: int) -> dict[str, Any]:
         started, t0 = time.perf_counter(), time.time()
         first, self.next = self.next, self.next + count
-        hs, errors = Hist(), Counter[str]()
+        hs, errors = LogHist(), Counter[str]()
         got = await asyncio.gather(*(self.dial(self.args.first + i, hs, errors)
                                      for i in range(first, first + count)))
         new = [c for c in got if c is not None]

@@ -69,8 +69,9 @@ from pymongo.errors import PyMongoError
 from bench import cli, common
 from bench.cluster import Run
 from bench.conn_memory import fd_count, settled_memory, split
-from bench.many_clients import SECRET_ENV, TICK_S, merge_hists, summary
+from bench.many_clients import SECRET_ENV, TICK_S
 from bench.report import cleanup_line, fmt, header_lines, md_table, node_lines
+from bench.stats import merge_counts, merge_hists, report_summary
 from testkit.nodes import NodeProcess
 
 FD_MARGIN = 500  # descriptors a process needs besides its connections
@@ -245,8 +246,8 @@ async def measure(args: argparse.Namespace, nodes: list[NodeProcess],
         "per_s": round(opened / ramp_s, 1) if ramp_s else None,
         "per_process": [{"opened": a["opened"], "seconds": a["seconds"], "per_s": a["per_s"],
                          "failed": a["failed"]} for a in rest],
-        "attempt_errors": common.merge_counts([a["attempt_errors"] for a in warm + rest]),
-        "handshake": summary(merge_hists([a["handshake"] for a in rest])),
+        "attempt_errors": merge_counts([a["attempt_errors"] for a in warm + rest]),
+        "handshake": report_summary(merge_hists([a["handshake"] for a in rest])),
         "cpu": ramp_cpu, "kernel": kernel_delta(kern0, kern1),
         "mongo_ops": {k: v - ops0.get(k, 0) for k, v in ops1.items() if v != ops0.get(k, 0)}}
     common.say("many_conns", f"connected {opened:,} in {ramp_s:.1f} s "
@@ -301,7 +302,7 @@ async def measure(args: argparse.Namespace, nodes: list[NodeProcess],
     res["state"] = {"open": sum(s["open"] for s in states), "dropped": sum(s["dropped"]
                                                                           for s in states),
                     "open_by_node": by_node(states, "open_by_node", n),
-                    "drops": common.merge_counts([s["drops"] for s in states]),
+                    "drops": merge_counts([s["drops"] for s in states]),
                     "client_rss_mib": [round(s["rss"] / 2**20, 1) for s in states]}
     res["kernel_end"] = kernel_facts()
 
@@ -313,7 +314,7 @@ def traffic(hold: list[dict[str, Any]], args: argparse.Namespace, seconds: float
         return sum(h[key] for h in hold)
 
     def hist(key: str) -> dict[str, Any]:
-        return summary(merge_hists([h[key] for h in hold]))
+        return report_summary(merge_hists([h[key] for h in hold]))
 
     joined, room_acked = total("joined"), total("room_acked")
     return {
@@ -326,7 +327,7 @@ def traffic(hold: list[dict[str, Any]], args: argparse.Namespace, seconds: float
                  "per_s": round(total("sent") / args.hold, 1),
                  "unanswered": total("unanswered"), "delivered": total("delivered"),
                  "lost": total("lost"), "duplicates": total("dup_deliveries"),
-                 "errors": common.merge_counts([h["send_errors"] for h in hold]),
+                 "errors": merge_counts([h["send_errors"] for h in hold]),
                  "ack": hist("ack_lat"), "delivery": hist("dlv_lat")},
         "room": {"members": total("room_members"), "joined": joined, "join": hist("join_lat"),
                  "sent": total("room_sent"), "acked": room_acked,
@@ -336,7 +337,7 @@ def traffic(hold: list[dict[str, Any]], args: argparse.Namespace, seconds: float
                  "ack": hist("room_ack_lat"), "delivery": hist("room_lat")},
         "client_loop_lag": hist("loop_lag"),
         "client_cpu_cores": [round(h["cpu_s"] / seconds, 3) for h in hold],
-        "other_frames": common.merge_counts([h["other"] for h in hold])}
+        "other_frames": merge_counts([h["other"] for h in hold])}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

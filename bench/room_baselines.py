@@ -109,7 +109,7 @@ async def run_idle(stop: asyncio.Event) -> None:
 
 # -- python-socketio -----------------------------------------------------------------------
 def make_sio(async_mode: str) -> Any:
-    import socketio
+    import socketio  # type: ignore[import-not-found]  # the bench extra
 
     sio = socketio.AsyncServer(async_mode=async_mode, logger=False, engineio_logger=False)
 
@@ -128,7 +128,7 @@ def make_sio(async_mode: str) -> Any:
 
 
 async def run_sio_aiohttp(stop: asyncio.Event) -> None:
-    from aiohttp import web
+    from aiohttp import web  # type: ignore[import-not-found]  # the bench extra
 
     app = web.Application()
     make_sio("aiohttp").attach(app)
@@ -145,7 +145,7 @@ async def run_sio_aiohttp(stop: asyncio.Event) -> None:
 
 
 async def run_sio_asgi(stop: asyncio.Event) -> None:
-    import socketio
+    import socketio  # type: ignore[import-not-found]  # the bench extra
     import uvicorn
 
     sock = socket.create_server(("127.0.0.1", 0))
@@ -153,7 +153,7 @@ async def run_sio_asgi(stop: asyncio.Event) -> None:
                             access_log=False, log_level="warning",
                             ws_per_message_deflate=False)
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:

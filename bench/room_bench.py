@@ -41,6 +41,7 @@ from bench import cli, common, report
 from bench import room_client as rc
 from bench.cluster import Run
 from bench.report import cleanup_line, fmt, header_lines, md_table, node_lines
+from bench.stats import hist_summary, int_keys, latency_summary, merge_counts
 from testkit.nodes import NodeProcess
 
 TARGETS = {"vs_sio": 10.0, "vs_ws": 2.0, "paced_p99_ms": 100.0, "three_vs_one": 2.0}
@@ -162,13 +163,13 @@ class Bench:
             sender.cancel()
         stats, drain_s = await self.drain(clients, pub, subs)
         received = sum(s["total"] for s in stats)
-        hist = common.merge_counts([{int(k): v for k, v in s["hist"].items()} for s in stats])
+        hist = merge_counts([int_keys(s["hist"]) for s in stats])
         dlv, frames = sum(s["win"] for s in stats), sum(s["frames_win"] for s in stats)
         return {
             "seconds": round(win, 3), "published_per_s": round(pub.sent_win / win, 1),
             "deliveries_per_s": round(dlv / win, 1), "frames_per_s": round(frames / win, 1),
             "msgs_per_frame": round(dlv / frames, 2) if frames else None,
-            "latency": rc.hist_summary(hist, max(s["lat_max"] for s in stats)),
+            "latency": hist_summary(hist, max(s["lat_max"] for s in stats)),
             "latency_hist": hist,
             "latency_sample": f"{server.sampled} of {subs} subscribers",
             "sent": pub.sent, "acked": pub.acked, "unacked": len(pub.inflight),
@@ -179,11 +180,11 @@ class Bench:
                                    max(s["got_max"] for s in stats)],
             "short_sockets": sum(s["short"] for s in stats),
             "closed_sockets": sum(s["closed"] for s in stats),
-            "client_other": common.merge_counts([s["other"] for s in stats]),
+            "client_other": merge_counts([s["other"] for s in stats]),
             "per_node_deliveries_per_s": [round(sum(s["url_win"][i] for s in stats) / win, 1)
                                           for i in range(len(server.urls))],
-            "send_lag": common.latency_summary(lags) if lags else None,
-            "ack_latency": common.latency_summary(pub.ack_lat) if pub.ack_lat else None,
+            "send_lag": latency_summary(lags) if lags else None,
+            "ack_latency": latency_summary(pub.ack_lat) if pub.ack_lat else None,
             "cpu": cpu, "cores": cores_by_role(cpu, server.pids),
             "node_counters": [d["counters"] for d in deltas],
             "node_stages": [{k: v for k, v in d["histograms"].items()
@@ -270,7 +271,7 @@ def notes(res: dict[str, Any]) -> list[str]:
     out = []
     for r in (r for r in res["phases"] if "error" not in r):
         odd = {**r["errors"], **r["client_other"]}
-        node = common.merge_counts([{k[3:]: v for k, v in c.items() if "dropped" in k
+        node = merge_counts([{k[3:]: v for k, v in c.items() if "dropped" in k
                                  or "skipped" in k or "closed" in k} for c in r["node_counters"]])
         if odd or node or r["closed_sockets"] or r["short_sockets"] or r["unacked"] \
                 or r["publisher_stuck"]:

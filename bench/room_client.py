@@ -10,7 +10,7 @@ cores), and a subscriber only counts markers in the raw bytes. Each body carries
 the phase's marker (``"m": "~<hex>~"``): a frame's messages of the phase are
 counted exactly by ``payload.count(marker)``; 1 in ``--sample-every`` sockets
 also parse frames for latency (receive ``time.time()`` - the publisher's, from
-the body) into a log histogram (0.5 % buckets).
+the body) into a log histogram (``bench.stats.LogHist``).
 
 Started by the benchmark (token secret in ``ROOM_BENCH_SECRET``); prints a JSON line
 once all its sockets joined, then answers JSON lines on stdin (``phase``, ``stats``,
@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,13 +34,13 @@ from websockets.frames import Opcode
 
 from bench.cli import check_loopback
 from bench.common import emit, raise_fd_limit, run_loop, stdin_lines
+from bench.stats import LogHist
 from testkit.lean import LeanSocket, open_lean
 from testkit.tokens import issue_token
 
 KINDS = ("ours", "ws", "sio")
 ROOM = "r1"
 PAD = "x" * 40
-LOG_BUCKETS = 200  # histogram buckets per factor e (0.5 % wide)
 
 
 def conn_path(kind: str, url: str, user: str, secret: str) -> str:
@@ -68,35 +66,12 @@ class Stats:
         self.open_t, self.close_t = open_t, close_t
         self.total = self.win = self.frames_win = 0
         self.url_win = [0] * self.n_urls
-        self.hist: dict[int, int] = {}
-        self.lat_max = 0.0
-
-    def latency(self, seconds: float) -> None:
-        us = seconds * 1e6
-        i = int(math.log(us) * LOG_BUCKETS) if us > 1 else 0
-        self.hist[i] = self.hist.get(i, 0) + 1
-        if seconds > self.lat_max:
-            self.lat_max = seconds
+        self.lat = LogHist()
 
     def report(self) -> dict[str, Any]:
         return {"total": self.total, "win": self.win, "frames_win": self.frames_win,
-                "url_win": self.url_win, "hist": self.hist, "lat_max": self.lat_max,
+                "url_win": self.url_win, "hist": self.lat.buckets, "lat_max": self.lat.max,
                 "other": dict(self.other)}
-
-
-def hist_summary(hist: dict[int, int], lat_max: float) -> dict[str, Any]:
-    """p50 / p99 (ms, bucket midpoints: +-0.25 %) and the exact max of merged histograms."""
-    total = sum(hist.values())
-    out: dict[str, Any] = {"count": total, "p50_ms": None, "p99_ms": None,
-                           "max_ms": round(lat_max * 1000, 2) if total else None}
-    for p in (50, 99):
-        rank, seen = max(1, math.ceil(p / 100 * total)), 0
-        for k in sorted(hist):
-            seen += hist[k]
-            if seen >= rank:
-                out[f"p{p}_ms"] = round(math.exp((k + 0.5) / LOG_BUCKETS) / 1000, 2)
-                break
-    return out
 
 
 class Conn(LeanSocket):
@@ -109,7 +84,7 @@ class Conn(LeanSocket):
         super().__init__(host, port, path)
         self.stats, self.url_idx, self.sampled = stats, url_idx, sampled
         self.got = 0  # messages of the phase on this socket
-        self.on_text: Callable[[bytes, float], None] = self.count_frame  # type: ignore[method-assign]
+        self.on_text = self.count_frame  # type: ignore[method-assign]
 
     def on_lost(self, exc: Exception | None) -> None:
         self.stats.other["socket closed"] += 1
@@ -134,7 +109,7 @@ class Conn(LeanSocket):
             if self.sampled:
                 for body in self.bodies(payload):
                     if body.get("m") == st.marker_s:
-                        st.latency(now - body["t"])
+                        st.lat.add(now - body["t"])
 
     # -- protocol (ours; the ws baseline speaks the same subset) -----------------
     def on_open(self) -> None:
@@ -218,7 +193,7 @@ class Publisher:
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
         conn.ack = self._on_reply  # type: ignore[method-assign]
-        conn.on_text = self._on_text
+        conn.on_text = self._on_text  # type: ignore[method-assign]
         self.rid = 1
         self.inflight: dict[int, bool] = {}  # id -> sent in the measured window
         self.sent_at: dict[int, float] = {}  # id -> perf_counter() at the send
