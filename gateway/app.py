@@ -27,17 +27,17 @@ from gateway.bindings import Bindings
 from gateway.chat.claims import Claims
 from gateway.chat.conversations import Conversations
 from gateway.chat.ops import MessageOps
-from gateway.chat.service import ChatService
+from gateway.chat.service import ChatLimits, ChatService
 from gateway.config import Settings
 from gateway.delivery import Replay
 from gateway.events import Events
 from gateway.feed.fanout import TimelineFanout
-from gateway.feed.service import FeedService, feed_frame
-from gateway.groups.admin import GroupAdmin
+from gateway.feed.service import FeedLimits, FeedService, feed_frame
+from gateway.groups.admin import AdminLimits, GroupAdmin
 from gateway.groups.diffusion import GroupDiffusion
 from gateway.groups.hub import GroupHub
 from gateway.groups.membership import GroupPresence
-from gateway.groups.service import GroupService
+from gateway.groups.service import GroupLimits, GroupService
 from gateway.http.api import HttpDeps, build_http
 from gateway.http.guard import HttpLimits
 from gateway.http.server import ServerDeps
@@ -47,7 +47,8 @@ from gateway.moderation import Moderation
 from gateway.presence.subs import PresenceSubs
 from gateway.presence.watch import PresenceQuery, PresenceWatch
 from gateway.rooms.hub import RoomHub, RoomLimits
-from gateway.rooms.service import LiveRooms
+from gateway.rooms.service import LiveRooms, RoomRules
+from gateway.ws.core import ConnectionLimits, SessionLimits
 from gateway.ws.registry import Registry
 from gateway.ws.session import Sessions
 from router import Router, make_broker
@@ -176,13 +177,16 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     metrics.watch_broker(router.broker_status)
     mids = MidGenerator(number)
     claims = Claims(stores.dedup, observe=metrics.stage_observer("dedup"), **batch)
-    chat = ChatService(claims, stores.messages, stores.offline, mids, s, metrics)
+    chat = ChatService(claims, stores.messages, stores.offline, mids, ChatLimits.from_settings(s),
+                       metrics)
     diffusion = GroupDiffusion(stores.group_cache, stores.messages, stores.offline)
     groups = GroupService(stores.groups, stores.group_cache, claims, mids, diffusion,
-                          stores.offline, s, metrics)
-    group_admin = GroupAdmin(stores.groups, stores.group_cache, router, s)
+                          stores.offline, GroupLimits.from_settings(s), metrics)
+    group_admin = GroupAdmin(stores.groups, stores.group_cache, router,
+                             AdminLimits.from_settings(s))
     conversations = Conversations(chat, groups, s.sync_settle_ms)
-    live = LiveRooms(name, s, metrics, room_hub, router, stores.rooms, bindings,
+    live = LiveRooms(name, RoomRules.from_settings(s), metrics, room_hub, router, stores.rooms,
+                     bindings,
                      stores.sanctions, stores.room_history)
     controls.handle(RoomMute, live.apply_control)
     controls.handle(RoomUnmute, live.apply_control)
@@ -191,7 +195,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                             router, feed_frame, timeline_max=s.feed_timeline_max,
                             queue_max=s.feed_queue_max)
     feed = FeedService(stores.follows, stores.posts, stores.timelines, stores.feed_cache,
-                       stores.counters, fanout, mids, s)
+                       stores.counters, fanout, mids, FeedLimits.from_settings(s))
     events = Events(name, router.publish_event,
                     _EventSources(conversations, stores.group_cache, stores.routes, router),
                     s.event_types, pending_max=s.events_pending_max,
@@ -210,7 +214,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     verifier = TokenVerifier.from_settings(s)
     ops = MessageOps(conversations, chat, groups, router, s.recall_window_s,
                      lambda g, conn: conn in (group_hub.members.get(g) or {}), watchers, query)
-    sessions = Sessions(s, registry, chat, groups, conversations, live, router, metrics,
+    sessions = Sessions(SessionLimits.from_settings(s), ConnectionLimits.from_settings(s),
+                        registry, chat, groups, conversations, live, router, metrics,
                         draining, verifier, moderation, ops, events)
 
     async def notify(users: list[str], frame: bytes) -> int:

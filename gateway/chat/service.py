@@ -51,22 +51,37 @@ class _Outgoing:
     frame: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class ChatLimits:
+    """The batching a 1:1 send goes through (``IM_BATCH_MAX``, ``IM_PENDING_MAX``,
+    ``IM_MONGO_LINGER_MS``, ``IM_MONGO_INFLIGHT``)."""
+
+    batch_max: int
+    pending_max: int
+    mongo_linger_ms: float
+    mongo_inflight: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> ChatLimits:
+        return cls(s.batch_max, s.pending_max, s.mongo_linger_ms, s.mongo_inflight)
+
+
 class ChatService:
     """Orchestrates the stores for 1:1 chat; knows nothing of sockets."""
 
     def __init__(self, claims: Claims, messages: MessageStore, offline: OfflineStore,
-                 mids: IdSource, settings: Settings, metrics: NodeMetrics) -> None:
+                 mids: IdSource, limits: ChatLimits, metrics: NodeMetrics) -> None:
         self.claims = claims
         self.messages = messages
         self.offline = offline
         self.mids = mids
         self.metrics = metrics
-        mb, mp = settings.batch_max, settings.pending_max
+        mb, mp = limits.batch_max, limits.pending_max
         # MongoDB's cost per call dominates at small batches, so the write stage
         # lingers briefly (IM_MONGO_LINGER_MS) to let a batch fill.
         self._writes: Batcher[ChatMessage, int] = Batcher(
             self.messages.store_batch, name="mongo",
-            linger_s=settings.mongo_linger_ms / 1000, concurrency=settings.mongo_inflight,
+            linger_s=limits.mongo_linger_ms / 1000, concurrency=limits.mongo_inflight,
             observe=metrics.stage_observer("mongo"), max_batch=mb, max_pending=mp)
         self._deliveries: Batcher[_Outgoing, tuple[dict[str, str], dict[str, str]]] = Batcher(
             self._flush_deliveries, name="redis", observe=metrics.stage_observer("redis"),

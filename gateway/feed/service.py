@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from core import timeline
@@ -49,10 +50,25 @@ def feed_frame(doc: dict[str, Any]) -> bytes:
     return frames.feed(doc["_id"], doc["author"], doc["ts"])
 
 
+@dataclass(frozen=True, slots=True)
+class FeedLimits:
+    """``IM_FEED_FOLLOW_MAX``, ``IM_FEED_PUSH_MAX``, ``IM_FEED_TEXT_MAX``,
+    ``IM_FEED_TIMELINE_MAX``."""
+
+    follow_max: int
+    push_max: int
+    text_max: int
+    timeline_max: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> FeedLimits:
+        return cls(s.feed_follow_max, s.feed_push_max, s.feed_text_max, s.feed_timeline_max)
+
+
 class FeedService:
     def __init__(self, follows: FollowStore, posts: PostStore, timelines: TimelineStore,
                  cache: FeedCache, counters: CounterStore, fanout: TimelineFanout,
-                 ids: IdSource, settings: Settings) -> None:
+                 ids: IdSource, limits: FeedLimits) -> None:
         self.follows = follows
         self.posts = posts
         self.timelines = timelines
@@ -60,7 +76,7 @@ class FeedService:
         self.counters = counters
         self.fanout = fanout
         self.ids = ids
-        self.settings = settings
+        self.limits = limits
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -90,7 +106,7 @@ class FeedService:
         """``IM_FEED_FOLLOW_MAX`` (every timeline read merges what the reader
         follows). Following someone followed already stays a no-op at the cap.
         Concurrent follows of one user may pass it by the few in flight."""
-        cap = self.settings.feed_follow_max
+        cap = self.limits.follow_max
         count = int((await self.follows.user(user)).get("following", 0))
         if count >= cap and other not in await self.cache.following(user):
             raise ProtocolError("forbidden", f"you follow {count} users; the limit is {cap} "
@@ -128,7 +144,7 @@ class FeedService:
         scope = f"friends:{user}"
         after = _seek_key(scope, cursor)
         found: list[str] = []
-        for _ in range(self.settings.feed_follow_max // FRIENDS_SCAN + 1):
+        for _ in range(self.limits.follow_max // FRIENDS_SCAN + 1):
             chunk = await self.follows.page_ids("following", user, after, FRIENDS_SCAN)
             back = await self.follows.existing([(x, user) for x in chunk])
             found += [x for x in chunk if (x, user) in back]
@@ -145,9 +161,9 @@ class FeedService:
                      reply_to: int | None) -> dict[str, Any]:
         if not _is_unicode(text):
             raise ProtocolError("bad_request", "text must be valid Unicode (no lone surrogates)")
-        if len(text) > self.settings.feed_text_max:
+        if len(text) > self.limits.text_max:
             raise ProtocolError("too_large", f"text is {len(text)} characters; the limit is "
-                                f"{self.settings.feed_text_max}")
+                                f"{self.limits.text_max}")
         if not text.strip() and repost_of is None:
             raise ProtocolError("bad_request", "text is required (a repost may have none)")
         if repost_of is not None and reply_to is not None:
@@ -160,7 +176,7 @@ class FeedService:
         post = self.ids.next()
         comment = reply_to is not None
         followers = int((await self.follows.user(author)).get("followers", 0))
-        pushed = timeline.should_push(followers, self.settings.feed_push_max, comment)
+        pushed = timeline.should_push(followers, self.limits.push_max, comment)
         doc = {"_id": post, "author": author, "text": text, "ts": mid_time_ms(post),
                "repost_of": repost_of, "reply_to": reply_to, "deleted": False,
                "pushed": pushed, "fanout": "pending" if pushed else "none",
@@ -306,7 +322,7 @@ class FeedService:
                 raise
 
     async def _trim(self) -> None:
-        keep = self.settings.feed_timeline_max
+        keep = self.limits.timeline_max
         for user in await self.cache.due_trims(50):
             floor = await self.timelines.trim(user, keep)
             if floor is not None:

@@ -33,6 +33,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.errors import Unavailable
@@ -76,16 +77,28 @@ def _info(doc: dict[str, Any]) -> dict[str, Any]:
             "members": int(doc.get("size", 0))}
 
 
+@dataclass(frozen=True, slots=True)
+class AdminLimits:
+    """``IM_GROUP_MAX_MEMBERS`` and ``IM_GROUP_WRITE_DIFFUSION_MAX``."""
+
+    max_members: int
+    write_diffusion_max: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> AdminLimits:
+        return cls(s.group_max_members, s.group_write_diffusion_max)
+
+
 class GroupAdmin:
     """Group administration for one node; knows nothing of sockets."""
 
     def __init__(self, store: GroupStore, cache: GroupCache, notifier: GroupNotifier,
-                 settings: Settings) -> None:
+                 limits: AdminLimits) -> None:
         self.store = store
         self.cache = cache
         self.notifier = notifier
-        self.max_members = settings.group_max_members
-        self.wd_max = settings.group_write_diffusion_max
+        self.max_members = limits.max_members
+        self.wd_max = limits.write_diffusion_max
 
     # -- membership ------------------------------------------------------------
     async def create(self, owner: str, name: str, members: list[str]) -> str:

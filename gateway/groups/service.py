@@ -69,11 +69,26 @@ class _Stored:
     frame: bytes  # encoded once: pushed, diffused, kept as the group's last
 
 
+@dataclass(frozen=True, slots=True)
+class GroupLimits:
+    """Batching of group sends, and the size up to which a group's messages are
+    written to each member's box (``IM_GROUP_WRITE_DIFFUSION_MAX``)."""
+
+    batch_max: int
+    pending_max: int
+    mongo_linger_ms: float
+    write_diffusion_max: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> GroupLimits:
+        return cls(s.batch_max, s.pending_max, s.mongo_linger_ms, s.group_write_diffusion_max)
+
+
 class GroupService:
     """Groups for one node; knows nothing of sockets."""
 
     def __init__(self, store: GroupStore, cache: GroupCache, claims: Claims, mids: IdSource,
-                 diffusion: GroupDiffusion, offline: OfflineStore, settings: Settings,
+                 diffusion: GroupDiffusion, offline: OfflineStore, limits: GroupLimits,
                  metrics: NodeMetrics) -> None:
         self.store = store
         self.cache = cache
@@ -81,10 +96,10 @@ class GroupService:
         self.mids = mids
         self.diffusion = diffusion
         self.offline = offline
-        self.wd_max = settings.group_write_diffusion_max
+        self.wd_max = limits.write_diffusion_max
         self._writes: Batcher[_Pending, _Stored] = Batcher(
-            self._flush, name="mongo", max_batch=settings.batch_max,
-            max_pending=settings.pending_max, linger_s=settings.mongo_linger_ms / 1000,
+            self._flush, name="mongo", max_batch=limits.batch_max,
+            max_pending=limits.pending_max, linger_s=limits.mongo_linger_ms / 1000,
             observe=metrics.stage_observer("group"))
         self._repairs: set[asyncio.Task[None]] = set()
 

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -52,14 +53,36 @@ __all__ = ["LiveRooms"]
 log = logging.getLogger("gateway.rooms.service")
 
 
+@dataclass(frozen=True, slots=True)
+class RoomRules:
+    """What the room service enforces and keeps: rooms per connection, each
+    user's send budget, history, and its batching (``IM_ROOM_*``)."""
+
+    max_per_conn: int
+    send_rate: float
+    send_burst: int
+    history: int
+    history_ttl_s: float
+    refresh_s: float
+    reply_buffer_max: int
+    batch_max: int
+    pending_max: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> RoomRules:
+        return cls(s.room_max_per_conn, s.room_send_rate, s.room_send_burst, s.room_history,
+                   s.room_history_ttl_s, s.room_refresh_s, s.reply_buffer_max, s.batch_max,
+                   s.pending_max)
+
+
 class LiveRooms:
     """Room ops and bookkeeping of one node."""
 
-    def __init__(self, node: str, settings: Settings, metrics: NodeMetrics, rooms: RoomHub,
+    def __init__(self, node: str, rules: RoomRules, metrics: NodeMetrics, rooms: RoomHub,
                  router: Router, counts: RoomCountStore, bindings: Bindings,
                  mutes: RoomMutes, history: RoomHistoryStore) -> None:
         self.node = node
-        self.settings = settings
+        self.rules = rules
         self.metrics = metrics
         self.rooms = rooms
         self.router = router
@@ -70,16 +93,16 @@ class LiveRooms:
         # (room, user) -> unix time a mute ends, for users with a device in the room
         # here: read at join, moved by the server API's controls; room_send never awaits.
         self._muted: dict[tuple[str, str], float] = {}
-        self._buckets = KeyedBuckets(settings.room_send_rate, settings.room_send_burst)
+        self._buckets = KeyedBuckets(rules.send_rate, rules.send_burst)
         self._last_refresh = time.monotonic()
         self._report: Batcher[str, tuple[int, int]] = Batcher(
-            self._flush_counts, name="room-counts", max_batch=settings.batch_max,
-            max_pending=settings.pending_max)
+            self._flush_counts, name="room-counts", max_batch=rules.batch_max,
+            max_pending=rules.pending_max)
         self.history = history
-        self.keeps_history = settings.room_history > 0
+        self.keeps_history = rules.history > 0
         self._logs: Batcher[tuple[str, bool], RoomLog] = Batcher(
-            history.read, name="redis", max_batch=settings.batch_max,
-            max_pending=settings.pending_max)
+            history.read, name="redis", max_batch=rules.batch_max,
+            max_pending=rules.pending_max)
 
     # -- ops -----------------------------------------------------------------
     async def join(self, client: Client, room: str, history: int = 0,
@@ -98,7 +121,7 @@ class LiveRooms:
         assert log is not None
         self.rooms.expect(room, log.epoch, log.last)
         got = catch_up(log, now_ms=int(time.time() * 1000),
-                       max_age_ms=int(self.settings.room_history_ttl_s * 1000),
+                       max_age_ms=int(self.rules.history_ttl_s * 1000),
                        history=history, since=since)
         out = {"online": online[0], "users": online[1], "epoch": log.epoch, "pos": log.last}
         if want:
@@ -113,9 +136,9 @@ class LiveRooms:
         is None, its position (and kept messages if ``want``), read once the
         room is bound here."""
         joined = client.rooms or ()
-        if room not in joined and len(joined) >= self.settings.room_max_per_conn:
+        if room not in joined and len(joined) >= self.rules.max_per_conn:
             raise ProtocolError("forbidden", f"a connection may be in at most "
-                                f"{self.settings.room_max_per_conn} rooms")
+                                f"{self.rules.max_per_conn} rooms")
         until = await self.mutes.room_muted(room, client.user)
         if until:
             self._muted[(room, client.user)] = until
@@ -199,7 +222,7 @@ class LiveRooms:
                 for client in list(self.rooms.hub.users.get(user, {}).values()):
                     if self._left(client, room):
                         self._dirty.add(room)
-                        client.write(frame, self.settings.reply_buffer_max)
+                        client.write(frame, self.rules.reply_buffer_max)
 
     async def online(self, room: str) -> tuple[int, int]:
         """``room``'s connections and users across live nodes (a fresh read; a
@@ -229,8 +252,7 @@ class LiveRooms:
     # -- housekeeping (every room_report_s) ----------------------------------
     async def tick(self) -> None:
         now = time.monotonic()
-        s = self.settings
-        if now - self._last_refresh >= s.room_refresh_s:
+        if now - self._last_refresh >= self.rules.refresh_s:
             self._last_refresh = now
             self._dirty.update(self.rooms.members)  # renews every key's TTL
         if self._dirty:

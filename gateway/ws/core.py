@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from core.ratelimit import TokenBucket
 from gateway import frames
 from gateway import protocol as p
+from gateway.config import Settings
 from gateway.errors import ProtocolError
 
 __all__ = [
     "Accepted",
+    "ConnectionLimits",
     "Action",
     "Close",
     "Inline",
@@ -63,6 +65,26 @@ class SessionLimits:
     op_burst: int = 600
     refuse_rate: float = 10.0
     refuse_burst: int = 100
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> SessionLimits:
+        return cls(s.max_body, s.bad_frame_limit, s.send_rate, s.send_burst,
+                   op_rate=s.op_rate, op_burst=s.op_burst, refuse_rate=s.refuse_rate,
+                   refuse_burst=s.refuse_burst)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What the session's driver bounds per connection and per user: devices of
+    one user on a node, ops in flight, reply bytes queued before a drop."""
+
+    max_conns_per_user: int
+    max_inflight: int
+    reply_buffer_max: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> ConnectionLimits:
+        return cls(s.max_conns_per_user, s.max_inflight, s.reply_buffer_max)
 
 
 @dataclass(frozen=True, slots=True)

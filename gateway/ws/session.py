@@ -32,7 +32,6 @@ from gateway.auth import Token, TokenVerifier, bearer_token
 from gateway.chat.conversations import Conversations
 from gateway.chat.ops import MessageOps
 from gateway.chat.service import ChatService
-from gateway.config import Settings
 from gateway.delivery import Pusher, push_group_sent, push_sent
 from gateway.errors import ProtocolError
 from gateway.events import Events
@@ -57,12 +56,13 @@ TOKEN_EXPIRED = 4001  # docs/protocol.md: close codes 4000-4099 are the gateway'
 class Sessions:
     """WebSocket entry points of a node."""
 
-    def __init__(self, settings: Settings, registry: Registry, chat: ChatService,
+    def __init__(self, limits: sc.SessionLimits, conns: sc.ConnectionLimits, registry: Registry,
+                 chat: ChatService,
                  groups: GroupService, conversations: Conversations, live: LiveRooms,
                  pusher: Pusher, metrics: NodeMetrics, draining: Callable[[], bool],
                  verifier: TokenVerifier, moderation: Moderation, ops: MessageOps,
                  events: Events | None = None) -> None:
-        self.settings = settings
+        self.conns = conns
         self.registry = registry
         self.chat = chat
         self.groups = groups
@@ -78,10 +78,7 @@ class Sessions:
         self._tokens: weakref.WeakKeyDictionary[ServerConnection, Token] = \
             weakref.WeakKeyDictionary()
         self._expiries = ExpiryWheel(self._expired)
-        self.limits = sc.SessionLimits(
-            settings.max_body, settings.bad_frame_limit, settings.send_rate,
-            settings.send_burst, op_rate=settings.op_rate, op_burst=settings.op_burst,
-            refuse_rate=settings.refuse_rate, refuse_burst=settings.refuse_burst)
+        self.limits = limits
         # Op name -> its handler, ``op_<name>`` (gateway.protocol.OPS): a row
         # without one fails here, at start, not at its first frame.
         self._handlers: dict[str, Callable[[Client, Any], Awaitable[None] | None]] = {
@@ -104,10 +101,10 @@ class Sessions:
             status = HTTPStatus.FORBIDDEN if err.code == "forbidden" else HTTPStatus.UNAUTHORIZED
             return conn.respond(status, err.message + "\n")
         user = checked.user
-        if self.registry.connections_of(user) >= self.settings.max_conns_per_user:
+        if self.registry.connections_of(user) >= self.conns.max_conns_per_user:
             self.metrics.closed.labels("conn_cap").inc()
             return conn.respond(HTTPStatus.TOO_MANY_REQUESTS,
-                                f"at most {self.settings.max_conns_per_user} connections "
+                                f"at most {self.conns.max_conns_per_user} connections "
                                 "per user on a node\n")
         conn.username = user
         self._tokens[conn] = checked  # read once by handle
@@ -177,7 +174,7 @@ class Sessions:
         tasks = client.tasks
         if tasks is None:
             tasks = client.tasks = set()
-        while len(tasks) >= self.settings.max_inflight:
+        while len(tasks) >= self.conns.max_inflight:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         task = asyncio.ensure_future(work)
         tasks.add(task)
@@ -328,7 +325,7 @@ class Sessions:
         """Queue a reply on the socket. A client that does not read while it
         keeps asking would grow the node's memory: past ``IM_REPLY_BUFFER_MAX``
         queued bytes its connection is dropped (it reconnects and syncs)."""
-        if client.write(data, self.settings.reply_buffer_max):
+        if client.write(data, self.conns.reply_buffer_max):
             return
         ws = client.ws
         # Open but backed up (not a closed socket, nor one aborted a frame ago).

@@ -15,7 +15,7 @@ from core.ids import MidGenerator
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.feed.fanout import TimelineFanout
-from gateway.feed.service import FeedService, feed_frame
+from gateway.feed.service import FeedLimits, FeedService, feed_frame
 from tests.core.fakes_feed import (
     FakeCounters,
     FakeFeedCache,
@@ -71,7 +71,7 @@ def build_feed(settings: Settings) -> Feed:
     fanout = TimelineFanout(posts, follows, timelines, cache, pusher, feed_frame,
                             timeline_max=s.feed_timeline_max, queue_max=s.feed_queue_max)
     service = FeedService(follows, posts, timelines, cache, counters, fanout,
-                          MidGenerator(2), s)
+                          MidGenerator(2), FeedLimits.from_settings(s))
     return Feed(follows, posts, timelines, cache, counters, pusher, fanout, service)
 
 

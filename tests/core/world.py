@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from core.ids import MidGenerator
 from gateway.chat.claims import Claims
 from gateway.chat.conversations import Conversations
-from gateway.chat.service import ChatService
+from gateway.chat.service import ChatLimits, ChatService
 from gateway.config import Settings
-from gateway.groups.admin import GroupAdmin
+from gateway.groups.admin import AdminLimits, GroupAdmin
 from gateway.groups.diffusion import GroupDiffusion
-from gateway.groups.service import GroupService
+from gateway.groups.service import GroupLimits, GroupService
 from gateway.metrics import NodeMetrics
 from tests.core.fakes import FakeDedup, FakeMessages, FakeOffline, FakeRoutes
 from tests.core.fakes_groups import FakeControl, FakeGroupCache, FakeGroupStore
@@ -62,11 +62,11 @@ def build(settings: Settings | None = None, *, node: int = 1,
     batch = {"max_batch": s.batch_max, "max_pending": s.pending_max}
     mids = MidGenerator(node, clock_ms)
     claims = Claims(f.dedup, observe=metrics.stage_observer("dedup"), **batch)
-    chat = ChatService(claims, f.messages, f.offline, mids, s, metrics)
+    chat = ChatService(claims, f.messages, f.offline, mids, ChatLimits.from_settings(s), metrics)
     diffusion = GroupDiffusion(f.group_cache, f.messages, f.offline)
     control = FakeControl()
     groups = GroupService(f.groups, f.group_cache, claims, mids, diffusion, f.offline,
-                          s, metrics)
-    admin = GroupAdmin(f.groups, f.group_cache, control, s)
+                          GroupLimits.from_settings(s), metrics)
+    admin = GroupAdmin(f.groups, f.group_cache, control, AdminLimits.from_settings(s))
     conversations = Conversations(chat, groups, s.sync_settle_ms)
     return World(f, claims, chat, groups, admin, control, conversations)
