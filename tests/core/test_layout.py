@@ -2,11 +2,14 @@
 
 Every import counts: at module level, inside functions, and under ``if
 TYPE_CHECKING:`` (a cycle there is still a cycle in the design, and mypy
-follows it). Rules (../shared/style.md 13, docs/architecture.md):
-no import cycle; only ``gateway/__main__.py`` imports the composition root
+follows it). Rules (docs/architecture.md, "Packages and wings"): no import
+cycle; only ``gateway/__main__.py`` imports the composition root
 ``gateway.node``; ``gateway`` never imports a driver; ``core`` imports no
 other package of the project; ``store`` and ``router`` never import
-``gateway``; every module is under 600 lines.
+``gateway`` or ``relay``; inside ``gateway``, the WebSocket wing (``ws``)
+and the HTTP wing (``http``) never import each other and the feature wings
+(``chat``, ``groups``, ``rooms``, ``presence``, ``feed``) import neither;
+the root of ``gateway`` stays small; every module is under 600 lines.
 """
 
 from __future__ import annotations
@@ -23,6 +26,24 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("core", "gateway", "relay", "router", "store")
 DRIVERS = ("pymongo", "redis", "aio_pika", "aiormq")
 MAX_LINES = 600
+GATEWAY_ROOT_MAX = 16  # modules directly in gateway/ (the rest live in wings)
+FEATURES = ("gateway.chat", "gateway.groups", "gateway.rooms", "gateway.presence",
+            "gateway.feed")
+# (what is wrong, importing modules under these, may not import anything under these)
+RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
+    ("gateway reaches a driver (go through store/ or router/):", ("gateway",), DRIVERS),
+    ("core must stay pure:", ("core",), ("gateway", "relay", "router", "store")),
+    ("store/ and router/ must not depend on gateway/ or relay/:", ("store", "router"),
+     ("gateway", "relay")),
+    ("the WebSocket wing must not import the HTTP wing (share through gateway.delivery):",
+     ("gateway.ws",), ("gateway.http",)),
+    ("the HTTP wing must not import the WebSocket wing (share through gateway.delivery):",
+     ("gateway.http",), ("gateway.ws",)),
+    ("a feature wing must not import the WebSocket or HTTP wing:", FEATURES,
+     ("gateway.ws", "gateway.http")),
+    ("the relay is a program of its own: it must not import gateway/:", ("relay",),
+     ("gateway",)),
+]
 
 
 @dataclass(frozen=True)
@@ -198,12 +219,22 @@ def _cycle_in(graph: dict[str, list[Edge]], component: set[str], start: str) -> 
     raise AssertionError(f"no cycle through {start}")
 
 
-def _violations(sources: tuple[str, ...], banned: tuple[str, ...]) -> list[str]:
+def _violations(edges: list[Edge], sources: tuple[str, ...], banned: tuple[str, ...]
+                ) -> list[str]:
     """Imports from modules under ``sources`` of anything under ``banned``."""
     def under(name: str, roots: tuple[str, ...]) -> bool:
         return any(name == r or name.startswith(r + ".") for r in roots)
 
-    return [str(e) for e in imports() if under(e.src, sources) and under(e.dst, banned)]
+    return [str(e) for e in edges if under(e.src, sources) and under(e.dst, banned)]
+
+
+def broken_rules(edges: list[Edge]) -> list[str]:
+    """Every rule of ``RULES`` the imports ``edges`` break, with the imports."""
+    out = []
+    for title, sources, banned in RULES:
+        if bad := _violations(edges, sources, banned):
+            out += [title, *(f"  {line}" for line in bad)]
+    return out
 
 
 def _fail(title: str, lines: list[str]) -> None:
@@ -232,22 +263,33 @@ def test_only_the_entry_point_imports_the_composition_root():
         _fail("only gateway/__main__.py may import gateway.node:", bad)
 
 
-def test_gateway_imports_no_driver():
-    bad = _violations(("gateway",), DRIVERS)
-    if bad:
-        _fail("gateway reaches a driver (go through store/ or router/):", bad)
+def test_no_import_breaks_a_layering_rule():
+    if bad := broken_rules(imports()):
+        _fail("imports against the layering:", bad)
 
 
-def test_core_imports_no_other_project_package():
-    bad = _violations(("core",), ("gateway", "router", "store"))
-    if bad:
-        _fail("core must stay pure:", bad)
+@pytest.mark.parametrize(("src", "dst"), [
+    ("gateway.ws.session", "gateway.http.server"),
+    ("gateway.http.api", "gateway.ws.registry"),
+    ("gateway.rooms.service", "gateway.ws.core"),
+    ("gateway.chat.ops", "gateway.http.models"),
+    ("router.router", "gateway.hub"),
+    ("store.keys", "relay.webhook"),
+    ("core.ids", "router.envelope"),
+    ("gateway.wire", "redis"),
+    ("relay.webhook", "gateway.config"),
+])
+def test_a_planted_violation_is_caught(src: str, dst: str):
+    planted = Edge(src, dst, src.replace(".", "/") + ".py", 1, False)
+    assert broken_rules([planted]) != []
+    assert broken_rules([*imports(), planted]) != broken_rules(imports())
 
 
-def test_store_and_router_do_not_import_gateway():
-    bad = _violations(("store", "router"), ("gateway",))
-    if bad:
-        _fail("store/ and router/ must not depend on gateway/:", bad)
+def test_the_root_of_gateway_stays_small():
+    root = sorted(p.name for p in (ROOT / "gateway").glob("*.py"))
+    if len(root) > GATEWAY_ROOT_MAX:
+        _fail(f"{len(root)} modules directly in gateway/ (at most {GATEWAY_ROOT_MAX}: put the "
+              "new one in a wing):", root)
 
 
 def test_modules_are_under_600_lines():
