@@ -70,7 +70,7 @@ __all__ = ["HttpDeps", "build_http", "build_metrics_http"]
 
 log = logging.getLogger("gateway.http")
 METRICS_TYPE = "text/plain; version=0.0.4"
-REPO = FsPath(__file__).resolve().parent.parent
+REPO = FsPath(__file__).resolve().parents[2]  # gateway/http/api.py -> the repository
 DEMO_DIR = REPO / "web" / "demo"  # served at /demo/
 SDK_DIR = REPO / "clients" / "js" / "src"  # served at /demo/sdk/ (the demo imports it)
 
