@@ -20,7 +20,10 @@ is published to ``{queue}.dead`` with ``x-imgate-*`` headers saying why, then
 acked. Delivery is at least once: one not acked when the relay stops or loses
 RabbitMQ is redelivered and POSTed again, with the same ``X-Imgate-Delivery``
 (receivers dedupe on it). A lost link moves to the next node of
-``IM_AMQP_URL`` (round robin; backoff once a whole round failed). SIGTERM or
+``IM_AMQP_URL`` at once; a node that fails is followed by the next, and only
+after a whole round failed is there a backoff (0.2 s doubling to 5 s): the
+broker's round robin, ``router.amqp_link``, with its log lines (one WARNING
+per failed attempt). SIGTERM or
 SIGINT: no new delivery is taken, an attempt in flight finishes (within
 ``--timeout``), a pending retry is abandoned (redelivered later); exit 0.
 """
@@ -44,8 +47,14 @@ from typing import Any
 
 import aio_pika
 import httpx
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractIncomingMessage,
+    AbstractQueue,
+)
 
+from router.amqp_link import AmqpNodes, Stopped
 from router.amqp_urls import mask_password, parse_amqp_urls
 
 __all__ = ["MIN_SECRET", "Relay", "RelayConfig", "config_from", "delivery_id", "main", "sign",
@@ -104,6 +113,18 @@ async def _wait_any(*events: asyncio.Event, within: float | None = None) -> bool
 
 
 @dataclass(frozen=True)
+class _Session:
+    """One link: consuming the relay's queue on one node."""
+
+    conn: AbstractConnection
+    channel: AbstractChannel
+    queue: AbstractQueue
+    tag: str
+    inbox: asyncio.Queue[AbstractIncomingMessage]
+    lost: asyncio.Event  # set when the connection or the channel closes
+
+
+@dataclass(frozen=True)
 class RelayConfig:
     url: str
     secret: bytes = field(repr=False)
@@ -145,36 +166,56 @@ class Relay:
 
     async def run(self) -> None:
         """Until ``stop``: consume on one RabbitMQ node, on the next when it is lost."""
-        urls, index, failures, delay = self.cfg.amqp_urls, 0, 0, 0.2
-        while not self.stop.is_set():
-            url, sessions = urls[index], self.sessions
+        nodes = AmqpNodes(self.cfg.amqp_urls, log, max_delay_s=5.0)
+        while True:
             try:
-                conn = await aio_pika.connect(url, timeout=5)
-                try:
-                    await self._consume(conn, url)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.close(), 5)
-            except Exception as exc:  # noqa: BLE001 - any failure: the next node
+                if nodes.lost_index < 0:  # the first URL first
+                    session = await nodes.rounds(self._open, 0, stopping=self.stop.is_set,
+                                                 pause=self._pause)
+                else:  # the one after the URL lost
+                    session = await nodes.reconnect(self._open, stopping=self.stop.is_set,
+                                                    pause=self._pause)
+            except Stopped:
+                return
+            url = nodes.urls[nodes.index]
+            try:
+                await self._serve(session)
+            except Exception as exc:  # noqa: BLE001 - a link that failed midway: the next node
                 log.warning("RabbitMQ at %s: %s: %s", mask_password(url), type(exc).__name__,
                             str(exc).replace(url, mask_password(url)))
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(session.conn.close(), 5)
+            nodes.lost()
             if self.stop.is_set():
-                break
-            index = (index + 1) % len(urls)
-            if self.sessions > sessions:
-                failures, delay = 0, 0.2
-                log.warning("RabbitMQ link to %s lost; unacked deliveries will be "
-                            "redelivered; trying %s", mask_password(url),
-                            mask_password(urls[index]))
-                continue
-            failures += 1
-            if failures % len(urls) == 0:
-                log.warning("no RabbitMQ node of %d answered; next round in %.1fs",
-                            len(urls), delay)
-                await _wait_any(self.stop, within=delay)
-                delay = min(delay * 2, 5.0)
+                return
+            log.warning("RabbitMQ link to %s lost; unacked deliveries will be "
+                        "redelivered; trying %s", mask_password(url),
+                        nodes.shown((nodes.lost_index + 1) % len(nodes.urls)))
 
-    async def _consume(self, conn: AbstractConnection, url: str) -> None:
+    async def _pause(self, seconds: float) -> bool:
+        """A backoff between two rounds of nodes; True if stopped meanwhile."""
+        await _wait_any(self.stop, within=seconds)
+        return self.stop.is_set()
+
+    async def _open(self, index: int) -> _Session:
+        """Connect to ``amqp_urls[index]``: the queues, bindings and consumer
+        set up there (the connection closed again if that failed)."""
+        url = self.cfg.amqp_urls[index]
+        conn = await aio_pika.connect(url, timeout=5)
+        try:
+            session = await self._declare(conn)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 5)
+            raise
+        self.sessions += 1
+        log.info("webhook: consuming %s (bound to %s: %s) on %s, posting to %s",
+                 self.cfg.queue, self.cfg.exchange, " ".join(self.cfg.binds),
+                 mask_password(url), self.shown_url)
+        return session
+
+    async def _declare(self, conn: AbstractConnection) -> _Session:
         lost = asyncio.Event()
         conn.close_callbacks.add(lambda *_: lost.set())
         channel = await conn.channel(publisher_confirms=True)
@@ -188,15 +229,15 @@ class Relay:
             await queue.bind(exchange, routing_key=key)
         inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         tag = await queue.consume(inbox.put)
-        self.sessions += 1
-        log.info("webhook: consuming %s (bound to %s: %s) on %s, posting to %s",
-                 self.cfg.queue, self.cfg.exchange, " ".join(self.cfg.binds),
-                 mask_password(url), self.shown_url)
-        while (message := await self._next(inbox, lost)) is not None:
-            await self._handle(message, channel, lost)
-        if not lost.is_set():  # stopping: take no more, then close (unacked go back)
+        return _Session(conn, channel, queue, tag, inbox, lost)
+
+    async def _serve(self, s: _Session) -> None:
+        """Deliveries of one link, until it is lost or the relay stops."""
+        while (message := await self._next(s.inbox, s.lost)) is not None:
+            await self._handle(message, s.channel, s.lost)
+        if not s.lost.is_set():  # stopping: take no more, then close (unacked go back)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(queue.cancel(tag), 2)
+                await asyncio.wait_for(s.queue.cancel(s.tag), 2)
 
     async def _next(self, inbox: asyncio.Queue[AbstractIncomingMessage],
                     lost: asyncio.Event) -> AbstractIncomingMessage | None:

@@ -2,7 +2,8 @@
 
 Pure code (no I/O): ``parse_amqp_urls`` checks the setting and returns the
 URLs in order; ``mask_password`` hides a URL's password for logs and
-messages. A comma inside a password must be written ``%2C``.
+messages. A comma inside a password must be written ``%2C``. Connecting to
+them in turn is ``router.amqp_link``'s.
 """
 
 from __future__ import annotations

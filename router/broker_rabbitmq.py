@@ -11,10 +11,13 @@ tried last), re-declares the exchanges, the node's queue, every binding it
 recorded and the consumer there, then tells the router (``on_resume``) so it
 can replay what may have been lost meanwhile. The first round is tried at
 once; only after a whole round failed does it back off (0.2 s doubling to
-2 s). The node's queue is exclusive (a classic queue on the RabbitMQ node the
-gateway is connected to, under a fresh name at each setup): it dies with
-that node and is declared afresh on the next one; what it held is recovered
-by the replay and by sync. A link is lost when its socket closes, or after
+2 s). The round robin, its backoff, the URL in use and the reconnect and
+failover counts are ``router.amqp_link``'s (the webhook relay uses it too):
+a failed attempt is one WARNING line, an unexpected kind of failure one ERROR
+with its traceback. The node's queue is exclusive (a classic queue on the
+RabbitMQ node the gateway is connected to, under a fresh name at each
+setup): it dies with that node and is declared afresh on the next one; what
+it held is recovered by the replay and by sync. A link is lost when its socket closes, or after
 ``(heartbeat + 1) * 3`` seconds of silence (aiormq; ``?heartbeat=`` of the
 URL, 60 s by default): a node that hangs, rather than dies, is left that late.
 
@@ -54,17 +57,14 @@ from aiormq import Channel as AmqpChannel
 from aiormq import spec
 from aiormq.exceptions import AMQPError
 
-from router.amqp_urls import mask_password, parse_amqp_urls
+from router.amqp_link import AmqpNodes, Stopped
+from router.amqp_urls import parse_amqp_urls
 from router.base import BrokerStatus
 from router.errors import BrokerUnavailable
 
 __all__ = ["RabbitMQBroker"]
 
 log = logging.getLogger("router.rabbitmq")
-
-# What a failed connect or setup on one node is expected to raise (anything
-# else is logged with its traceback; the next node is tried either way).
-_SETUP_ERRORS = (TimeoutError, AMQPError, OSError, ConnectionError, RuntimeError)
 
 
 class RabbitMQBroker:
@@ -73,17 +73,14 @@ class RabbitMQBroker:
     def __init__(self, url: str, namespace: str, *, queue_max: int = 100_000,
                  connect_timeout_s: float = 5.0, setup_timeout_s: float = 10.0) -> None:
         self.url = url  # IM_AMQP_URL as given: parsed by ``start``
-        self.urls: list[str] = []
-        self.index = -1  # the URL of ``urls`` connected to now; -1: none
-        self._lost_index = -1  # the one the last lost link was to
+        # Its nodes, the one in use, the counts (router.amqp_link; 2 s: the longest backoff).
+        self.link = AmqpNodes((), log, max_delay_s=2.0)
         self.namespace = namespace
         self.queue_max = queue_max
         self.connect_timeout_s = connect_timeout_s
         self.setup_timeout_s = setup_timeout_s
         self.node = ""
         self.connected = asyncio.Event()
-        self.reconnects = 0  # connections restored after a loss
-        self.failovers = 0  # of which on another URL than the one lost
         self.binds = 0
         self.unbinds = 0
         self.echoes = 0  # own room envelopes handed back by the exchange, dropped
@@ -104,6 +101,26 @@ class RabbitMQBroker:
         self._setups = 0  # queues declared: the node's queue is ``ns.q.<node>.<setups>``
 
     @property
+    def urls(self) -> tuple[str, ...]:
+        """IM_AMQP_URL's nodes, in failover order (empty until ``start``)."""
+        return self.link.urls
+
+    @property
+    def index(self) -> int:
+        """The URL of ``urls`` connected to now; -1: none."""
+        return self.link.index
+
+    @property
+    def reconnects(self) -> int:
+        """Connections restored after a loss."""
+        return self.link.reconnects
+
+    @property
+    def failovers(self) -> int:
+        """Of which on another URL than the one lost."""
+        return self.link.failovers
+
+    @property
     def is_connected(self) -> bool:
         """Connected to a RabbitMQ node, setup done (no I/O: the watched state)."""
         return self.connected.is_set()
@@ -118,30 +135,16 @@ class RabbitMQBroker:
         """Connect to the first URL that answers; ``AmqpUrlError`` (a
         ``ValueError``) if ``IM_AMQP_URL`` is malformed, ``BrokerUnavailable``
         if no node answered."""
-        self.urls = parse_amqp_urls(self.url)
+        self.link.urls = tuple(parse_amqp_urls(self.url))
         self.node = node
         self._on_envelope = on_envelope
         if on_resume is not None:
             self._on_resume = on_resume
-        await self._connect_any(0)
+        await self.link.round(self._setup, 0, stopping=self._stopping)
         self._supervisor = asyncio.create_task(self._supervise())
 
-    async def _connect_any(self, first: int) -> None:
-        """One round: set up on ``urls[first]``, else the next, ... (each bounded)."""
-        failures: list[str] = []
-        for step in range(len(self.urls)):
-            i = (first + step) % len(self.urls)
-            if self._closing:
-                break
-            try:
-                await self._setup(i)
-                return
-            except Exception as exc:  # noqa: BLE001 - any failure: try the next node
-                failures.append(f"{mask_password(self.urls[i])}: {type(exc).__name__}")
-                log.info("RabbitMQ at %s: setup failed (%s: %s)",
-                         mask_password(self.urls[i]), type(exc).__name__, exc,
-                         exc_info=not isinstance(exc, _SETUP_ERRORS))
-        raise BrokerUnavailable("no RabbitMQ node answered (" + "; ".join(failures) + ")")
+    def _stopping(self) -> bool:
+        return self._closing
 
     async def _setup(self, index: int) -> None:
         conn = await aio_pika.connect(self.urls[index], timeout=self.connect_timeout_s)
@@ -153,7 +156,6 @@ class RabbitMQBroker:
                 await asyncio.wait_for(conn.close(), 2)
             raise
         self._conn, self._channel, self._queue = conn, channel, queue
-        self.index = index
         conn.close_callbacks.add(self._connection_closed)
         for ch in (channel, self._events_channel):
             assert ch is not None
@@ -212,7 +214,7 @@ class RabbitMQBroker:
             return
         if not self._closing and not self._lost_at:
             self._lost_at = time.time()
-        self._lost_index, self.index = self.index, -1
+        self.link.lost()
         self.connected.clear()
         self._lost.set()
 
@@ -230,28 +232,23 @@ class RabbitMQBroker:
             await self._lost.wait()
             if self._closing:
                 return
-            lost = max(self._lost_index, 0)
+            lost = max(self.link.lost_index, 0)
             log.warning("RabbitMQ connection to %s lost; reconnecting (%d URL(s), the "
-                        "next one first)", mask_password(self.urls[lost]), len(self.urls))
-            delay = 0.2
-            while not self._closing:
-                with contextlib.suppress(Exception):
-                    await self._drop_connection()
-                try:
-                    await self._connect_any((lost + 1) % len(self.urls))
-                except BrokerUnavailable as exc:
-                    log.info("%s; next round in %.1fs", exc, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                    continue
-                self.reconnects += 1
-                if self.index != lost:
-                    self.failovers += 1
-                log.warning("RabbitMQ connection restored on %s; setup replayed",
-                            mask_password(self.urls[self.index]))
-                lost_at, self._lost_at = self._lost_at, 0.0
-                self._on_resume(lost_at or time.time())
-                break
+                        "next one first)", self.link.shown(lost), len(self.urls))
+            try:
+                await self.link.reconnect(self._replay, stopping=self._stopping)
+            except Stopped:
+                return
+            log.warning("RabbitMQ connection restored on %s; setup replayed",
+                        self.link.shown(self.index))
+            lost_at, self._lost_at = self._lost_at, 0.0
+            self._on_resume(lost_at or time.time())
+
+    async def _replay(self, index: int) -> None:
+        """One reconnect attempt: let the old connection go, set up on ``urls[index]``."""
+        with contextlib.suppress(Exception):
+            await self._drop_connection()
+        await self._setup(index)
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

@@ -1,11 +1,13 @@
 """``IM_AMQP_URL`` as a list of a RabbitMQ cluster's nodes (router/amqp_urls.py),
 the masked URLs in messages, the order the broker's supervisor tries the nodes
-in (its setup faked), and the broker link's state as the node reports it (no
-servers)."""
+in (its setup faked) and what it logs, the round robin the broker and the
+webhook relay share (router/amqp_link.py), and the broker link's state as the
+node reports it (no servers)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -13,8 +15,10 @@ import pytest
 
 from gateway.metrics import NodeMetrics
 from router import BrokerStatus, MemoryBroker, Router
+from router.amqp_link import AmqpNodes, Stopped
 from router.amqp_urls import AmqpUrlError, mask_password, parse_amqp_urls
 from router.broker_rabbitmq import RabbitMQBroker
+from router.errors import BrokerUnavailable
 from testkit.poll import until
 from testkit.probe import sample
 
@@ -97,7 +101,6 @@ async def test_a_malformed_list_fails_the_broker_start_before_any_connect():
 
 
 async def test_no_node_answering_is_broker_unavailable_naming_each():
-    from router.errors import BrokerUnavailable
     from testkit.servers import free_port
 
     ports = [free_port(), free_port()]  # nothing listens there
@@ -138,7 +141,7 @@ def test_rabbitmq_state_is_read_at_each_scrape():
     assert not router.broker_connected()
     assert sample(metrics.render(), "im_broker_connected") == 0
     assert sample(metrics.render(), "im_broker_node_index") == -1
-    broker.index, broker.reconnects, broker.failovers = 2, 3, 1
+    broker.link.index, broker.link.reconnects, broker.link.failovers = 2, 3, 1
     broker.connected.set()
     assert router.broker_connected()
     text = metrics.render()
@@ -169,7 +172,7 @@ class _Rotating(RabbitMQBroker):
         self.tried.append((index, time.monotonic()))
         if index not in self.up:
             raise ConnectionError("refused")
-        self._conn, self.index = _Conn(), index  # type: ignore[assignment]
+        self._conn = _Conn()  # type: ignore[assignment]
         self._lost.clear()
         self.connected.set()
 
@@ -256,3 +259,117 @@ async def test_one_url_reconnects_to_itself():
         assert [i for i, _ in b.tried] == [0] and (b.reconnects, b.failovers) == (1, 0)
     finally:
         await b.close()
+
+
+async def test_a_failed_reconnect_attempt_is_one_warning_line(caplog):
+    b = await _started(CLUSTER, {0})
+    try:
+        b.tried.clear()
+        b.up = {2}
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="router.rabbitmq"):
+            b.lose()
+            assert await until(lambda: b.resumed, timeout=2)
+        failed = [r for r in caplog.records if "setup failed" in r.getMessage()]
+        assert [r.getMessage() for r in failed] == [
+            "RabbitMQ at amqp://guest:***@127.0.0.1:5682/: setup failed "
+            "(ConnectionError: refused)"]
+        assert failed[0].levelno == logging.WARNING and failed[0].exc_info is None
+        assert "guest:guest" not in caplog.text
+        assert b.index == 2 and (b.reconnects, b.failovers) == (1, 1)
+    finally:
+        await b.close()
+
+
+# -- the shared round robin (router/amqp_link.py), as the relay uses it ----------
+def _nodes(n: int = 3, max_delay_s: float = 5.0) -> AmqpNodes:
+    urls = [f"amqp://u:s3cret@127.0.0.1:{5681 + i}/" for i in range(n)]
+    return AmqpNodes(urls, logging.getLogger("test.amqp_link"), max_delay_s=max_delay_s)
+
+
+async def test_an_unexpected_failure_is_one_error_with_its_traceback(caplog):
+    nodes = _nodes(2)
+
+    async def attempt(i: int) -> str:
+        if i == 0:
+            raise KeyError("surprise")
+        raise TimeoutError(f"no answer from {nodes.urls[i]}")
+
+    with caplog.at_level(logging.INFO, logger="test.amqp_link"), pytest.raises(
+            BrokerUnavailable) as err:
+        await nodes.round(attempt)
+    first, second = caplog.records
+    assert first.levelno == logging.ERROR and first.exc_info is not None
+    assert first.getMessage() == ("RabbitMQ at amqp://u:***@127.0.0.1:5681/: setup failed "
+                                  "(KeyError: 'surprise')")
+    assert second.levelno == logging.WARNING and second.exc_info is None
+    # The URL in the exception's own message is masked too.
+    assert second.getMessage() == ("RabbitMQ at amqp://u:***@127.0.0.1:5682/: setup failed "
+                                   "(TimeoutError: no answer from amqp://u:***@127.0.0.1:5682/)")
+    assert "s3cret" not in caplog.text and "s3cret" not in str(err.value)
+    assert str(err.value) == ("no RabbitMQ node answered (amqp://u:***@127.0.0.1:5681/: "
+                              "KeyError; amqp://u:***@127.0.0.1:5682/: TimeoutError)")
+    assert nodes.index == -1
+
+
+async def test_rounds_back_off_to_the_cap_and_reconnect_counts():
+    nodes, up, tried, pauses = _nodes(), set[int](), [], []
+
+    async def attempt(i: int) -> int:
+        tried.append(i)
+        if i not in up:
+            raise ConnectionError("refused")
+        return i * 10
+
+    async def pause(seconds: float) -> bool:
+        pauses.append(seconds)
+        if len(pauses) == 7:
+            up.add(2)
+        return False
+
+    assert await nodes.rounds(attempt, 0, pause=pause) == 20  # at start: from the first on
+    assert pauses == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+    assert tried == [0, 1, 2] * 7 + [0, 1, 2] and nodes.index == 2
+    assert (nodes.reconnects, nodes.failovers) == (0, 0)
+    nodes.lost()
+    assert nodes.index == -1 and nodes.lost_index == 2
+    tried.clear()
+    pauses.clear()
+    up.update({0, 1})
+    assert await nodes.reconnect(attempt, pause=pause) == 0  # after the lost one: 0, then 1
+    assert tried == [0] and pauses == [] and nodes.index == 0
+    assert (nodes.reconnects, nodes.failovers) == (1, 1)
+    nodes.lost()
+    tried.clear()
+    up.clear()
+    up.add(0)
+    assert await nodes.reconnect(attempt, pause=pause) == 0  # the lost one last: 1, 2, 0
+    assert tried == [1, 2, 0] and (nodes.reconnects, nodes.failovers) == (2, 1)
+
+
+async def test_stopping_ends_the_rounds():
+    nodes, tried = _nodes(), []
+    stop = asyncio.Event()
+
+    async def attempt(i: int) -> int:
+        tried.append(i)
+        if i == 1:
+            stop.set()
+        raise ConnectionError("refused")
+
+    async def pause(seconds: float) -> bool:
+        raise AssertionError("no backoff once stopping")
+
+    with pytest.raises(Stopped):
+        await nodes.rounds(attempt, 0, stopping=stop.is_set, pause=pause)
+    assert tried == [0, 1]  # not asked again once stopping
+
+    stop.clear()
+    tried.clear()
+
+    async def stopped_meanwhile(seconds: float) -> bool:
+        return True
+
+    with pytest.raises(Stopped):
+        await nodes.rounds(lambda i: attempt(2), 0, pause=stopped_meanwhile)
+    assert tried == [2, 2, 2]  # one round, then the pause said stop
