@@ -8,9 +8,12 @@ bypasses websockets' own framing, which is safe because the node never sends
 fragmented messages and websockets writes each of its own frames (pings,
 pongs, closes) to the transport in the step that makes it, so a raw frame
 never lands inside one of its frames (tests/integration/gateway/test_wire.py
-interleaves the two on a real connection). Every raw access to a socket goes
-through this module: ``is_open``, ``buffered``, ``write``, ``abort``, and the
-``SocketWriter`` that fans one frame out to many.
+interleaves the two on a real connection, with websockets 15 to 17). Every
+raw access to a socket goes through this module: ``is_open``, ``is_closing``,
+``buffered``, ``write``, ``writelines``, ``abort``, ``write_wires`` (one
+reply under the open-state check and the bound), and the ``SocketWriter``
+that fans one frame out to many (its loop inlines the same checks: it is the
+room and group fan-out's hot path).
 
 - ``SocketWriter``: writes WebSocket wire bytes, built once by the caller, to
   each recipient's transport without awaiting. It owns the rules: only OPEN
@@ -32,7 +35,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
 
 __all__ = ["Count", "Peer", "SocketWriter", "Written", "abort", "buffered", "is_closing",
-           "is_open", "write_wires", "ws_text_frame"]
+           "is_open", "write", "write_wires", "writelines", "ws_text_frame"]
 
 log = logging.getLogger("gateway.wire")
 
@@ -69,6 +72,16 @@ def buffered(ws: ServerConnection) -> int:
     return ws.transport.get_write_buffer_size()
 
 
+def write(ws: ServerConnection, wire: bytes) -> None:
+    """Queue complete frame bytes on the socket; never awaits (check first)."""
+    ws.transport.write(wire)
+
+
+def writelines(ws: ServerConnection, wires: Sequence[bytes]) -> None:
+    """Queue several complete frames in one call; never awaits (check first)."""
+    ws.transport.writelines(wires)
+
+
 def abort(ws: ServerConnection) -> None:
     """Drop the connection at once: a close handshake would queue behind a
     backlog that is the reason for dropping it."""
@@ -91,13 +104,12 @@ def write_wires(ws: ServerConnection, wires: Sequence[bytes], limit: int) -> Wri
     not OPEN or more than ``limit`` bytes are already queued. Never awaits."""
     if ws.protocol.state is not _OPEN:
         return _CLOSED
-    transport = ws.transport
-    if transport.get_write_buffer_size() > limit:
+    if buffered(ws) > limit:
         return _FULL
     if len(wires) == 1:
-        transport.write(wires[0])
+        write(ws, wires[0])
     else:
-        transport.writelines(wires)
+        writelines(ws, wires)
     return _SENT
 
 
