@@ -5,8 +5,9 @@ inner result when that finished in the same loop turn as the cancel, and the
 cancel is gone (redis-py wraps every command send in ``wait_for``). A loop
 that then keeps going never ends, and a drain waits out its whole bound
 (measured: 4 of 7 nodes killed at a 15 s grace after 100,000 disconnects,
-docs/benchmarks.md, issue 17). ``stop`` asks again until the task is done;
-the caller's own cancellation (a drain step's bound) is never swallowed.
+docs/benchmarks.md, "100,000 connections on one machine"). ``stop`` asks again
+until the task is done; the caller's own cancellation (a drain step's bound) is
+never swallowed.
 """
 
 from __future__ import annotations

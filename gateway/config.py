@@ -86,7 +86,7 @@ class Settings:
     heartbeat_s: float = 2.0
     heartbeat_ttl_s: float = 6.0
     drain_timeout_s: float = 10.0
-    # -- HTTP edge and tokens (issue 11) --
+    # -- HTTP edge and tokens --
     env: str = "development"  # "production": no start without IM_AUTH_SECRET
     auth_secret_file: str = ""  # "": $XDG_STATE_HOME (~/.local/state)/imgate/auth_secret
     auth_max_ttl_s: int = 30 * 86_400  # longest token lifetime: exp - iat, exp - now

@@ -1,4 +1,4 @@
-"""Post counters in Redis (``CounterStore``, seed 001): reposts, comments and
+"""Post counters in Redis (``CounterStore``): reposts, comments and
 likes move here and are flushed to MongoDB in the background; a hash that lost
 its state merges MongoDB's flushed values back in (``counter_merge.lua``), so
 no change is lost or counted twice.

@@ -3,7 +3,7 @@ are ``follows_mongo.py`` (``FollowStore``), ``posts_mongo.py`` (``PostStore``)
 and ``timeline_mongo.py`` (``TimelineStore``).
 
 - ``follows`` ``{_id: "a|b", a, b}``: a follows b; ``fans`` ``{_id: "b|a"}``:
-  b is followed by a (seed 004's two row keys, the ``_id`` making each
+  b is followed by a (two row keys per follow, the ``_id`` making each
   idempotent): each list pages by seek on its own index, (a, b) and (b, a).
 - ``users`` ``{_id, following, followers, pull_max, tl_floor}``: counts (only
   moved by a follow that was new), the newest post id of the user that was

@@ -1,4 +1,4 @@
-"""Follows both ways and follow counts in MongoDB (``FollowStore``; seed 004).
+"""Follows both ways and follow counts in MongoDB (``FollowStore``).
 
 ``follows`` ``{_id: "a|b", a, b}`` and ``fans`` ``{_id: "b|a"}``; ``users``
 keeps the counts, moved only by a follow that was new. See ``feed_mongo.py``.

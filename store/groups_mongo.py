@@ -1,4 +1,4 @@
-"""Groups in MongoDB: the durable truth (Redis holds caches of it, store/group_cache.py).
+"""Groups in MongoDB: the durable truth (Redis holds caches of it, store/groups_redis.py).
 
 - ``groups``: ``_id`` = group id; ``name``, ``owner``, ``size``, and ``seq``,
   the group's message counter: a batch of n messages to one group takes

@@ -2,8 +2,8 @@
 
 ``messages``: one document per message, ``_id`` = mid, unique on
 (``from``, ``cmid``) so a resend is recognised even when Redis has lost its
-dedup keys. ``boxes``: one small index entry per side (seed 003's
-im_user_msg_box), ``_id`` = ``owner|mid`` with the mid zero-padded to 16
+dedup keys. ``boxes``: one small index entry per side (an inbox
+and an outbox entry), ``_id`` = ``owner|mid`` with the mid zero-padded to 16
 digits, so one user's box is a contiguous, mid-ordered range of the ``_id``
 index (``|`` never occurs in an id, so no owner is a prefix of another's
 range) and sync needs no secondary index; rewriting an entry is idempotent.

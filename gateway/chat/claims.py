@@ -22,7 +22,7 @@ class Claims:
 
     async def claim(self, sender: str, cmid: str, mid: int) -> dedup.Prior | None:
         """None if (sender, cmid) is new (now pending under ``mid``), else what
-        it was claimed as before."""
+        it was claimed as earlier."""
         value = await self._batcher.submit((sender, cmid, mid))
         return None if value is None else dedup.parse(value)
 

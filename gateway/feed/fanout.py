@@ -1,4 +1,5 @@
-"""A post's fan-out to its author's followers' timelines (seed 002's push side).
+"""A post's fan-out to its author's followers' timelines (the push side of the
+hybrid).
 
 Off the request path: a bounded queue of post ids, two workers writing one
 timeline entry (ids only) per follower in unordered, idempotent bulk writes,

@@ -1,6 +1,6 @@
 """The feed: follows, posts, hybrid fan-out, the timeline read, counters.
 
-Posting (seed 002's hybrid): the post is stored, the author's own timeline
+Posting (hybrid push and pull): the post is stored, the author's own timeline
 gets it, and if the author has at most ``IM_FEED_PUSH_MAX`` followers the
 post is queued for fan-out: a worker writes one timeline entry (ids only)
 per follower in unordered, idempotent bulk writes, off the request path.
@@ -309,7 +309,7 @@ class FeedService:
                 log.exception("feed housekeeping failed")
 
     async def _flush_counts(self) -> None:
-        """Counters changed in Redis go to MongoDB (seed 001), 500 posts a round."""
+        """Counters changed in Redis go to MongoDB, 500 posts a round."""
         counts, unmerged = await self.counters.dirty(500)
         if unmerged:  # merge MongoDB's flushed values first, then flush the sum
             docs = await self.posts.get_posts(unmerged)

@@ -1,5 +1,5 @@
 """Write diffusion of small groups: where a stored group message goes besides
-its one copy (seed 003). For groups up to ``IM_GROUP_WRITE_DIFFUSION_MAX``
+its one copy. For groups up to ``IM_GROUP_WRITE_DIFFUSION_MAX``
 members each member gets a box entry (MongoDB) and an offline entry (Redis),
 so their sync and unread see it like a 1:1 message; bigger groups are read
 by their members (read diffusion) and cost nothing here.

@@ -17,7 +17,7 @@ cursor, ``write_chunk`` members per loop turn (``gateway.rooms.ring``): one big
 room's frame never holds the loop for the whole write (10,000 loopback writes
 take ~90 ms here), each member gets one write per pass with every frame it
 lacks, and a message waits at most one pass. Smaller rooms are written at
-once, as before.
+once.
 
 Positioned messages (``pos`` and ``epoch``, rooms v2) leave in position
 order: a flush sorts its window, and when positions are missing between the

@@ -1,4 +1,4 @@
--- counter.lua: one post counter moves (seed 001: counts live in Redis and are
+-- counter.lua: one post counter moves (counts live in Redis and are
 -- flushed to MongoDB in the background).
 -- KEYS[1] the post's counter hash (r, c, l, and ok once merged with MongoDB)
 -- KEYS[2] the set (of its shard: same hash tag) of posts whose counters changed
