@@ -36,7 +36,7 @@ from gateway.feed.service import FeedLimits, FeedService, feed_frame
 from gateway.groups.admin import AdminLimits, GroupAdmin
 from gateway.groups.diffusion import GroupDiffusion
 from gateway.groups.hub import GroupHub
-from gateway.groups.membership import GroupPresence
+from gateway.groups.membership import GroupMembership
 from gateway.groups.service import GroupLimits, GroupService
 from gateway.http.api import HttpDeps, build_http
 from gateway.http.guard import HttpLimits
@@ -86,7 +86,7 @@ class App:
     claims: Claims
     chat: ChatService
     groups: GroupService
-    group_presence: GroupPresence
+    group_presence: GroupMembership
     conversations: Conversations
     live: LiveRooms
     feed: FeedService
@@ -155,7 +155,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     group_hub = GroupHub(hub)
     broker = make_broker(s.broker, s.amqp_url, s.namespace)
     bindings = Bindings(broker, metrics, s.room_unbind_delay_s, int(60 / s.room_report_s))
-    presence = GroupPresence(group_hub, bindings, stores.group_cache, **batch)
+    presence = GroupMembership(group_hub, bindings, stores.group_cache, **batch)
     replay = Replay(hub, stores.offline, metrics)
     controls = Controls()  # handlers registered below, once their targets exist
     watchers = PresenceSubs(hub, bindings, s.presence_subs_max)

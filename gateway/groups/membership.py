@@ -23,12 +23,12 @@ from router.controls import GroupAdd, GroupDel
 from router.routing import group_key
 from store.ports import GroupCache
 
-__all__ = ["GroupPresence"]
+__all__ = ["GroupMembership"]
 
 log = logging.getLogger("gateway.groups.membership")
 
 
-class GroupPresence:
+class GroupMembership:
     def __init__(self, ghub: GroupHub, bindings: Bindings, cache: GroupCache, *,
                  max_batch: int, max_pending: int) -> None:
         self.ghub = ghub

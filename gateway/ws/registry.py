@@ -15,7 +15,7 @@ import logging
 
 from core.batcher import Batcher
 from core.errors import Unavailable
-from gateway.groups.membership import GroupPresence
+from gateway.groups.membership import GroupMembership
 from gateway.hub import Client, Hub
 from gateway.presence.subs import PresenceSubs
 from gateway.presence.watch import PresenceWatch
@@ -31,7 +31,7 @@ RouteOp = tuple[bool, str, int]  # (add?, user, connection id)
 class Registry:
     """Connects and disconnects of this node's devices."""
 
-    def __init__(self, node: str, hub: Hub, routes: RouteStore, groups: GroupPresence,
+    def __init__(self, node: str, hub: Hub, routes: RouteStore, groups: GroupMembership,
                  live: LiveRooms, presence: PresenceWatch, watchers: PresenceSubs, *,
                  max_batch: int, max_pending: int) -> None:
         self.node = node
