@@ -258,7 +258,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, help="latency phase msgs/s (default: saturation "
                    "x --rate-fraction)")
     p.add_argument("--rate-fraction", type=float, default=0.5,
-                   help="latency phase rate as a fraction of saturation (issue 17: 0.333)")
+                   help="latency phase rate as a fraction of saturation (published: 0.333)")
     p.add_argument("--store-paced", action="store_true",
                    help="5. the store alone, paced at the latency run's rate in the node's "
                    "mean Mongo batch size (and B=1, and twice it): its own p99 to compare")

@@ -207,6 +207,18 @@ async def measure_window(names: dict[int, str], nodes: Sequence[Any], opens_at: 
     return seconds, cpu, [metrics_delta(b, a) for b, a in zip(before, after, strict=True)]
 
 
+def tcp_sockets() -> list[tuple[int, str, str]]:
+    """(local port, state as in /proc: "0A" is LISTEN, inode) of every TCP socket of this
+    machine, from ``/proc/net/tcp`` and ``tcp6``."""
+    out: list[tuple[int, str, str]] = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                if len(f := line.split()) > 9:
+                    out.append((int(f[1].rsplit(":", 1)[1], 16), f[3], f[9]))
+    return out
+
+
 # -- node logs -----------------------------------------------------------------
 def log_findings(path: Path, limit: int = 8) -> dict[str, Any]:
     """WARNING/ERROR lines of a node log: counts and the most frequent messages."""
@@ -406,6 +418,18 @@ async def stdin_lines() -> AsyncIterator[bytes]:
         lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while line := await reader.readline():
         yield line
+
+
+def split(n: int, k: int) -> list[int]:
+    """``n`` shared out over ``k`` as evenly as can be (the first ones get one more)."""
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+async def ask_all(children: Sequence[Child], cmds: Sequence[str | dict[str, Any]],
+                  timeout: float) -> list[dict[str, Any]]:
+    """``cmds[i]`` to ``children[i]``, all at once; their answers."""
+    return list(await asyncio.gather(*(c.ask(cmd, timeout) for c, cmd in
+                                       zip(children, cmds, strict=True))))
 
 
 def raise_fd_limit() -> int:

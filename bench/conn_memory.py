@@ -10,7 +10,7 @@ RabbitMQ and MongoDB-compatible server, and cleans up after itself)::
 For each server (our node, then the bare server of ``bench.room_baselines idle``):
 
 1. Start it as a subprocess, and ``--clients`` client processes
-   (``bench.idle_clients clients``), each holding its share of the
+   (``bench.many_clients``, from 127.0.0.1), each holding its share of the
    connections, so every process stays under the file-descriptor limit (the
    soft RLIMIT_NOFILE is raised to the hard one first; children inherit it).
 2. Open ``--warmup`` connections (lazy imports, first-use allocations and
@@ -50,7 +50,7 @@ from typing import Any
 
 from bench import cli, common
 from bench.cluster import Run
-from bench.idle_clients import SECRET_ENV
+from bench.many_clients import SECRET_ENV
 from bench.report import fmt, header_lines, md_table, node_lines
 from bench.stats import merge_counts
 
@@ -88,16 +88,6 @@ async def settled_memory(pid: int, timeout_s: float, window: int = 5,
         await asyncio.sleep(0.5)
 
 
-# -- client processes ------------------------------------------------------------------
-def split(n: int, k: int) -> list[int]:
-    return [n // k + (1 if i < n % k else 0) for i in range(k)]
-
-
-async def on_all(clients: list[common.Child], lines: list[str]) -> list[dict[str, Any]]:
-    return list(await asyncio.gather(*(c.ask(line, 600) for c, line in zip(clients, lines,
-                                                                           strict=True))))
-
-
 # -- one server ------------------------------------------------------------------------
 async def measure(kind: str, pid: int, ws_url: str, http_url: str | None,
                   args: argparse.Namespace, secret: str) -> dict[str, Any]:
@@ -107,31 +97,37 @@ async def measure(kind: str, pid: int, ws_url: str, http_url: str | None,
     per_client_conc = max(1, -(-args.concurrency // k))
     prefix = f"cm{secrets.token_hex(4)}"
     clients: list[common.Child] = []
+
+    async def on_all(cmd: str, counts: list[int] | None = None) -> list[dict[str, Any]]:
+        key = "sample" if cmd == "ping" else "count"
+        return await common.ask_all(clients, [{"cmd": cmd, key: n} for n in counts or [0] * k],
+                                    600)
     try:
         for i in range(k):
             clients.append(await common.Child.spawn(
                 common.OUT_DIR / f"conn-memory-{args.stamp}-{kind}-clients{i}.log",
-                "bench.idle_clients", "--url", ws_url, "--prefix", f"{prefix}-{i}",
-                "--concurrency", str(per_client_conc), **{SECRET_ENV: secret}))
+                "bench.many_clients", "--urls", ws_url, "--source-ip", "127.0.0.1", "--prefix",
+                f"{prefix}-{i}-", "--concurrency", str(per_client_conc), "--tries", "3",
+                **{SECRET_ENV: secret}))
             await clients[-1].ask(None)  # ready
         fds0 = fd_count(pid)
-        warm = await on_all(clients, [f"open {n}" for n in split(args.warmup, k)])
+        warm = await on_all("open", common.split(args.warmup, k))
         warm_open = sum(r["open"] for r in warm)
         before = await settled_memory(pid, args.settle_timeout)
         fds_before = fd_count(pid)
         started = time.perf_counter()
-        rest = await on_all(clients, [f"open {n}" for n in split(args.connections - args.warmup,
-                                                                 k)])
+        rest = await on_all("open", common.split(args.connections - args.warmup, k))
         open_s = time.perf_counter() - started
         opened_after = sum(r["opened"] for r in rest)
         await asyncio.sleep(max(0.0, args.hold - (time.perf_counter() - started)))
         after = await settled_memory(pid, args.settle_timeout)
         fds_after = fd_count(pid)
-        states = await on_all(clients, ["state"] * k)
-        pings = await on_all(clients, [f"ping {n}" for n in split(args.ping_sample, k)])
+        states = await on_all("state")
+        pings = await on_all("ping", common.split(args.ping_sample, k))
         gauge = (await common.fetch_metrics(http_url)).get("im_connections") if http_url else None
     finally:
-        await asyncio.gather(*(c.stop("close", 30) for c in clients), return_exceptions=True)
+        await asyncio.gather(*(c.stop({"cmd": "close"}, 30) for c in clients),
+                             return_exceptions=True)
     held = sum(s["open"] for s in states)
     sampled, ponged = sum(p["sampled"] for p in pings), sum(p["ponged"] for p in pings)
     failed = sum(r["failed"] for r in warm + rest)

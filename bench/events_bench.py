@@ -158,13 +158,8 @@ async def bound_queue(amqp_url: str, ns: str, pattern: str = "offline.#"
 def listener_pid(port: int) -> int | None:
     """The process listening on TCP ``port`` on this machine (from /proc; None if it
     cannot be seen), to find RabbitMQ among the busiest processes."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                f = line.split()
-                if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
-                    inodes.add(f"socket:[{f[9]}]")
+    inodes = {f"socket:[{ino}]" for p, state, ino in common.tcp_sockets()
+              if state == "0A" and p == port}
     for proc in Path("/proc").iterdir():
         if inodes and proc.name.isdigit():
             with contextlib.suppress(OSError):

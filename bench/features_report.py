@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bench.report import cleanup_line, fmt, header_lines, lat, md_table, node_lines
+from bench.report import cleanup_line, failed_lines, fmt, header_lines, lat, md_table, node_lines
 
 WATCHED, UNWATCHED, PEER = "fb-u", "fb-solo", "fb-peer"  # the benchmark's users
 BUSY_CORES = 0.85  # the benchmark process at this or more: "near a full core"
@@ -47,26 +47,19 @@ def _busiest(cpu: dict[str, Any], labels: dict[str, str]) -> list[str]:
     return out + [""]
 
 
-def _failed(lines: list[str], title: str, r: dict[str, Any]) -> bool:
-    if "error" in r:
-        lines += [f"## {title}", "", f"**failed**: {r['error']}", ""]
-    return "error" in r
-
-
 def presence_lines(res: dict[str, Any]) -> list[str]:
     r, s = res.get("presence", {}), res["settings"]
     title = "1. Login with presence watchers"
-    lines: list[str] = []
-    if _failed(lines, title, r):
-        return lines
+    if "error" in r:
+        return failed_lines(title, r)
     w, sd = r["watchers"], r["sends"]
-    lines += [f"## {title}", "",
-              f"{w:,} watchers ({' / '.join(map(str, r['watchers_per_node']))} on nodes "
-              f"0 / 1 / 2), each a device that `presence_sub`s to `{WATCHED}`; "
-              f"`{WATCHED}` logs in on node 0, {s['cycles']} cycles (after a warm-up); "
-              f"IM_PRESENCE_GRACE_S={s['grace']}. The unwatched user's cycles and the 1:1 "
-              f"sends (`{WATCHED}` on node 0 -> `{PEER}` on node {sd['to_node']}) are in the "
-              "same run. Watchers subscribed in " + f"{fmt(r['setup_s'])} s.", ""]
+    lines = [f"## {title}", "",
+             f"{w:,} watchers ({' / '.join(map(str, r['watchers_per_node']))} on nodes "
+             f"0 / 1 / 2), each a device that `presence_sub`s to `{WATCHED}`; "
+             f"`{WATCHED}` logs in on node 0, {s['cycles']} cycles (after a warm-up); "
+             f"IM_PRESENCE_GRACE_S={s['grace']}. The unwatched user's cycles and the 1:1 "
+             f"sends (`{WATCHED}` on node 0 -> `{PEER}` on node {sd['to_node']}) are in the "
+             "same run. Watchers subscribed in " + f"{fmt(r['setup_s'])} s.", ""]
     lines += md_table(["what", "n", "p50 / p99 ms", "max ms", "reached"], [
         _lat_row(f"login, {w:,} watchers: connect -> last watcher's online frame",
                  r["online_last"], _reached(r["online_reached_min"], w)),
@@ -94,18 +87,17 @@ def presence_lines(res: dict[str, Any]) -> list[str]:
 def typing_lines(res: dict[str, Any]) -> list[str]:
     r = res.get("typing", {})
     title = "2. Typing in a group"
-    lines: list[str] = []
-    if _failed(lines, title, r):
-        return lines
+    if "error" in r:
+        return failed_lines(title, r)
     exp = r["expected_per_op"]
-    lines += [f"## {title}", "",
-              f"Group of {r['members']:,} members; **{r['online']:,} of them online** "
-              f"({' / '.join(map(str, r['online_per_node']))} on nodes 0 / 1 / 2): typing "
-              f"and group messages reach only the members online, never the sender's own "
-              f"device, so each is expected by {exp:,} devices. {r['typers']} members take "
-              f"turns, one operation every {fmt(r['gap_s'])} s; each waits until every "
-              f"online member has it. Group created in {fmt(r['create_s'])} s, members "
-              f"connected in {fmt(r['connect_s'])} s.", ""]
+    lines = [f"## {title}", "",
+             f"Group of {r['members']:,} members; **{r['online']:,} of them online** "
+             f"({' / '.join(map(str, r['online_per_node']))} on nodes 0 / 1 / 2): typing "
+             f"and group messages reach only the members online, never the sender's own "
+             f"device, so each is expected by {exp:,} devices. {r['typers']} members take "
+             f"turns, one operation every {fmt(r['gap_s'])} s; each waits until every "
+             f"online member has it. Group created in {fmt(r['create_s'])} s, members "
+             f"connected in {fmt(r['connect_s'])} s.", ""]
     lines += md_table(["what", "n", "p50 / p99 ms", "max ms", "reached (worst)"], [
         _lat_row("typing: sent -> last online member", r["typing_last"],
                  _reached(r["typing_reached_min"], exp)),

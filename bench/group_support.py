@@ -125,14 +125,7 @@ def socket_ports(pids: list[int]) -> set[int]:
                     link = os.readlink(fd)
                     if link.startswith("socket:["):
                         inodes.add(link[8:-1])
-    ports: set[int] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                f = line.split()
-                if len(f) > 9 and f[9] in inodes:
-                    ports.add(int(f[1].rsplit(":", 1)[1], 16))
-    return ports
+    return {port for port, _, ino in common.tcp_sockets() if ino in inodes}
 
 
 class Probe:

@@ -1,5 +1,5 @@
-"""The client process of ``bench.many_conns``: up to ~17,000 WebSockets in one
-process, all from one loopback source address, started as
+"""The client process of ``bench.many_conns`` and ``bench.conn_memory``: up to
+~17,000 WebSockets in one process, all from one loopback source address, started as
 
     python -m bench.many_clients --urls ws://127.0.0.1:P1/ws,... --source-ip 127.0.0.2 \
         --prefix P --first G
@@ -27,6 +27,9 @@ one JSON line on stdout:
   ``room_rate`` one of them sends ``room_send`` at that rate, and every member
   counts the ``room_msgs`` it gets. Answers once ``T`` has passed and what is
   outstanding has drained (at most ``drain`` s).
+- ``{"cmd":"ping","sample":S}``: a WebSocket ping to S of the open connections,
+  spread evenly; answers how many ponged within 10 s (``bench.conn_memory``: proof
+  an idle connection is still served; nothing else is ever sent on it).
 - ``{"cmd":"state"}``: open connections (per node), drops so far.
 - ``{"cmd":"close"}``: from now on a closed socket is the benchmark's doing;
   close all, answer and exit.
@@ -44,7 +47,6 @@ import argparse
 import asyncio
 import os
 import random
-import resource
 import socket
 import sys
 import time
@@ -57,7 +59,7 @@ from imgate_client.core import encode, make, with_token
 from websockets.frames import Opcode
 
 from bench.cli import check_loopback
-from bench.common import emit, raise_fd_limit, run_loop, stdin_lines
+from bench.common import emit, own_cpu, raise_fd_limit, run_loop, stdin_lines
 from bench.stats import LogHist
 from testkit.lean import LeanSocket
 from testkit.tokens import issue_token
@@ -390,6 +392,25 @@ class Clients:
             "room_ack_lat": self.room_ack_lat.report(), "room_lat": self.room_lat.report(),
             "loop_lag": self.lag.report(), "other": dict(self.other)}
 
+    async def ping(self, sample: int) -> dict[str, Any]:
+        """A WebSocket ping to ``sample`` open connections, spread evenly."""
+        live = [c for c in self.conns if not c.closed]
+        chosen = live[::max(1, len(live) // max(1, sample))][:sample]
+
+        async def one(c: Conn) -> float | None:
+            started = time.perf_counter()
+            try:
+                await asyncio.wait_for(c.ping(), 10)
+            except Exception:  # noqa: BLE001 - a missing pong is the finding
+                return None
+            return time.perf_counter() - started
+
+        times = sorted(t for t in await asyncio.gather(*(one(c) for c in chosen))
+                       if t is not None)
+        return {"sampled": len(chosen), "ponged": len(times),
+                "p50_ms": round(times[len(times) // 2] * 1000, 2) if times else None,
+                "max_ms": round(times[-1] * 1000, 2) if times else None}
+
     def state(self) -> dict[str, Any]:
         live = [c for c in self.conns if not c.closed]
         return {"open": len(live), "held": len(self.conns),
@@ -406,11 +427,6 @@ class Clients:
             c.send(b"\x03\xe8", Opcode.CLOSE)
             c.abort()
         return len(self.conns)
-
-
-def own_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 def rss_bytes() -> int:
@@ -430,6 +446,8 @@ async def clients_main(args: argparse.Namespace) -> int:
                 emit(await clients.open(int(cmd["count"])))
             elif what == "hold":
                 emit(await clients.hold(cmd))
+            elif what == "ping":
+                emit(await clients.ping(int(cmd["sample"])))
             elif what == "state":
                 emit(clients.state())
             elif what == "close":

@@ -68,9 +68,9 @@ from pymongo.errors import PyMongoError
 
 from bench import cli, common
 from bench.cluster import Run
-from bench.conn_memory import fd_count, settled_memory, split
+from bench.conn_memory import fd_count, settled_memory
 from bench.many_clients import SECRET_ENV, TICK_S
-from bench.report import cleanup_line, fmt, header_lines, md_table, node_lines
+from bench.report import cleanup_line, fmt, header_lines, lat, md_table, node_lines
 from bench.stats import merge_counts, merge_hists, report_summary
 from testkit.nodes import NodeProcess
 
@@ -183,17 +183,11 @@ def lag_over(before: dict[str, float], after: dict[str, float]) -> dict[str, Any
 
 
 # -- the run -----------------------------------------------------------------------------
-async def on_all(clients: list[common.Child], cmds: list[dict[str, Any]],
-                 timeout: float) -> list[dict[str, Any]]:
-    return list(await asyncio.gather(*(c.ask(cmd, timeout) for c, cmd in
-                                       zip(clients, cmds, strict=True))))
-
-
 async def start_clients(args: argparse.Namespace, r: Run, urls: str, prefix: str
                         ) -> list[common.Child]:
     clients: list[common.Child] = []
     first = 0
-    for i, n in enumerate(split(args.conns, args.client_procs)):
+    for i, n in enumerate(common.split(args.conns, args.client_procs)):
         clients.append(await common.Child.spawn(
             common.OUT_DIR / f"many-conns-{args.stamp}-clients{i}.log", "bench.many_clients",
             "--urls", urls, "--source-ip", f"127.0.0.{2 + i}", "--prefix", prefix,
@@ -218,8 +212,8 @@ async def measure(args: argparse.Namespace, nodes: list[NodeProcess],
     """Steps 2-6 of the module docstring; results go into ``res`` as they come."""
     k, n = args.client_procs, len(nodes)
     res["kernel_start"] = kernel_facts()
-    warm = await on_all(clients, [{"cmd": "open", "count": c}
-                                  for c in split(args.warmup, k)], 600)
+    warm = await common.ask_all(clients, [{"cmd": "open", "count": c}
+                                  for c in common.split(args.warmup, k)], 600)
     res["warmup"] = {"opened": sum(a["opened"] for a in warm),
                      "failed": sum(a["failed"] for a in warm)}
     common.say("many_conns", f"warm-up: {res['warmup']}; settling")
@@ -231,8 +225,8 @@ async def measure(args: argparse.Namespace, nodes: list[NodeProcess],
                            await mongo_ops(args.mongo_url))
     started = time.perf_counter()
     try:
-        rest = await on_all(clients, [{"cmd": "open", "count": c}
-                                      for c in split(args.conns - args.warmup, k)], 900)
+        rest = await common.ask_all(clients, [{"cmd": "open", "count": c}
+                                      for c in common.split(args.conns - args.warmup, k)], 900)
     finally:
         ramp_s = time.perf_counter() - started
         stop.set()
@@ -278,11 +272,11 @@ async def measure(args: argparse.Namespace, nodes: list[NodeProcess],
              "chat_rate": args.chat_rate / k, "pairs": p, "room": f"{args.prefix_}room",
              "room_members": m, "room_rate": args.room_rate if i == 0 else 0.0,
              "marker": marker}
-            for i, (p, m) in enumerate(zip(split(args.chat_pairs, k),
-                                           split(args.room_members, k), strict=True))]
+            for i, (p, m) in enumerate(zip(common.split(args.chat_pairs, k),
+                                           common.split(args.room_members, k), strict=True))]
     m0 = await asyncio.gather(*(common.fetch_metrics(x.http_url) for x in nodes))
     meter, sched0 = common.Meter(res["names"], top=12), schedstat(pids)
-    hold = await on_all(clients, cmds, args.hold + 120)
+    hold = await common.ask_all(clients, cmds, args.hold + 120)
     seconds, cpu = meter.stop()
     cpu["sched"] = sched_delta(sched0, schedstat(pids), seconds)
     m1 = await asyncio.gather(*(common.fetch_metrics(x.http_url) for x in nodes))
@@ -298,7 +292,7 @@ async def measure(args: argparse.Namespace, nodes: list[NodeProcess],
         row["hold_bytes_per_conn"] = round((mem["VmRSS"] - row["after"]["VmRSS"])
                                            / max(1, int(b.get("im_connections", 1))))
         row["im_connections_after_hold"] = b.get("im_connections")
-    states = await on_all(clients, [{"cmd": "state"}] * k, 60)
+    states = await common.ask_all(clients, [{"cmd": "state"}] * k, 60)
     res["state"] = {"open": sum(s["open"] for s in states), "dropped": sum(s["dropped"]
                                                                           for s in states),
                     "open_by_node": by_node(states, "open_by_node", n),
@@ -418,7 +412,7 @@ def verdict(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
 # -- report ------------------------------------------------------------------------------
 def ms(s: dict[str, Any]) -> str:
-    return f"{fmt(s['p50_ms'])} / {fmt(s['p99_ms'])} / {fmt(s['max_ms'])}"
+    return lat(s, "p50 p99 max")
 
 
 def report(res: dict[str, Any]) -> str:

@@ -71,7 +71,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bench import cli, common
+from bench import cli, common, report
 from bench.cluster import NODES, Run, process_names
 from bench.failover import failover_lines, failover_phase
 from bench.load import open_load, saturate
@@ -171,18 +171,14 @@ def render(res: dict[str, Any]) -> str:
         r = res.get(key)
         if r is None:
             continue
-        if "error" in r:
-            lines += [f"## {title}", "", f"**failed**: {r['error']}", ""]
-            continue
-        lines += load_section(title, r)
-        if key == "three_nodes":
+        lines += report.failed_lines(title, r) or load_section(title, r)
+        if key == "three_nodes" and "error" not in r:
             lines += _per_node_lines(r)
     if res.get("ratios"):
         lines += _ratio_lines(res)
     f = res.get("failover")
     if f is not None:
-        lines += (failover_lines(f) if "error" not in f else
-                  ["## 3. Failover", "", f"**failed**: {f['error']}", ""])
+        lines += report.failed_lines("3. Failover", f) or failover_lines(f)
     lines += ["## Node logs", ""] + node_lines(res["nodes"]) + [""]
     lines += [cleanup_line(res["cleanup"])]
     return "\n".join(lines)

@@ -45,6 +45,11 @@ def header_lines(title: str, res: dict[str, Any], machine_note: str = "") -> lis
                        if res["code"].get("node_tree") else "")]
 
 
+def failed_lines(title: str, r: dict[str, Any]) -> list[str]:
+    """A phase that failed (``common.reported``): its heading and the error; [] if it ran."""
+    return [f"## {title}", "", f"**failed**: {r['error']}", ""] if "error" in r else []
+
+
 def load_section(title: str, r: dict[str, Any]) -> list[str]:
     """One load phase (``bench.load.summarise``): rates, latencies, CPU, node counters."""
     a, d, lag = r["ack_latency"], r["delivery_latency"], r["send_lag"]

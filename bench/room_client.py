@@ -302,17 +302,26 @@ async def serve(args: argparse.Namespace) -> None:
         await asyncio.sleep(0.1)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.room_client", description=__doc__,
+def parse_args(module: str, doc: str | None, kinds: tuple[str, ...],
+               *extra: tuple[str, int]) -> argparse.Namespace:
+    """The subscriber process's flags (shared with its C twin, ``bench.room_client_c``)."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kind", choices=KINDS, required=True)
+    p.add_argument("--kind", choices=kinds, required=True)
     p.add_argument("--urls", required=True, help="comma-separated; socket i goes to i %% n")
     for flag, default in (("--first", 0), ("--count", 100), ("--sample-every", 10),
-                          ("--concurrency", 64), ("--max-seconds", 3600)):
+                          ("--concurrency", 64), ("--max-seconds", 3600), *extra):
         p.add_argument(flag, type=int, default=default)
     p.add_argument("--tag", default="rb")
     args = p.parse_args()
     check_loopback(p, args.urls.split(","))
+    if min(args.count, args.sample_every, args.concurrency) < 1:
+        p.error("--count, --sample-every and --concurrency must be >= 1")
+    return args
+
+
+def main() -> None:
+    args = parse_args("bench.room_client", __doc__, KINDS)
 
     with contextlib.suppress(KeyboardInterrupt, TimeoutError):
         run_loop(asyncio.wait_for(serve(args), args.max_seconds))

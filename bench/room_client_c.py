@@ -13,7 +13,6 @@ process. A build error is printed on stderr and answered as ``{"ev": "failed"}``
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import subprocess
@@ -22,9 +21,8 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.cli import check_loopback
 from bench.common import emit
-from bench.room_client import conn_path
+from bench.room_client import conn_path, parse_args
 
 SOURCE = Path(__file__).with_name("room_client_c") / "room_client.c"
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra"]
@@ -52,19 +50,8 @@ def binary() -> Path:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.room_client_c", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kind", choices=KINDS, required=True)
-    p.add_argument("--urls", required=True, help="comma-separated; socket i goes to i %% n")
-    for flag, default in (("--first", 0), ("--count", 100), ("--sample-every", 10),
-                          ("--concurrency", 64), ("--max-seconds", 3600), ("--poll-us", 0)):
-        p.add_argument(flag, type=int, default=default)
-    p.add_argument("--tag", default="rb")
-    args = p.parse_args()
+    args = parse_args("bench.room_client_c", __doc__, KINDS, ("--poll-us", 0))
     urls = args.urls.split(",")
-    check_loopback(p, urls)
-    if min(args.count, args.sample_every, args.concurrency) < 1:
-        p.error("--count, --sample-every and --concurrency must be >= 1")
     secret = os.environ.get("ROOM_BENCH_SECRET", "")
 
     lines = []
@@ -73,7 +60,7 @@ def main() -> None:
         u = urlsplit(urls[i])
         path = conn_path(args.kind, urls[i], f"{args.tag}-s{g}", secret)
         if any(ch.isspace() for ch in path):
-            p.error(f"request target with white space: {path!r}")
+            raise SystemExit(f"request target with white space: {path!r}")
         lines.append(f"{i} {u.hostname or '127.0.0.1'} {u.port or 80} {path} "
                      f"{int(g % args.sample_every == 0)}\n")
     try:
