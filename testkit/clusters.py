@@ -1,6 +1,6 @@
 """Private local clusters for failure tests, driven by the project's scripts
-(``scripts/redis_cluster.sh``, ``scripts/rabbitmq_cluster.sh``): own ports,
-own data dir, stopped by the test."""
+(``scripts/redis_cluster.sh``, ``scripts/rabbitmq_cluster.sh``): own ports
+(free ones picked here unless given), own data dir, stopped by the test."""
 
 from __future__ import annotations
 
@@ -10,18 +10,37 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["LocalRabbit", "LocalRedisCluster"]
+from testkit.poll import until
+from testkit.servers import free_port_base
+
+__all__ = ["LocalRabbit", "LocalRedisCluster", "free_rabbit_port_base",
+           "free_redis_cluster_port_base"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class LocalRedisCluster:
-    """3 masters on ``port_base + 1..3`` (never the shared 6379)."""
+def free_redis_cluster_port_base() -> int:
+    """A REDIS_CLUSTER_PORT_BASE whose 3 ports (base+1..3) and their cluster bus
+    ports (+10000) are free: from 14000-15999, so 14001-16002 and 24001-26002,
+    below the kernel's ephemeral range and clear of the RabbitMQ bases below."""
+    return free_port_base([1, 2, 3, 10_001, 10_002, 10_003], 14_000, 16_000)
 
-    def __init__(self, port_base: int) -> None:
-        self.port_base = port_base
+
+def free_rabbit_port_base() -> int:
+    """An RMQ_CLUSTER_PORT_BASE whose AMQP ports (base+1..3), Erlang distribution
+    ports (AMQP + 20000) and CLI distribution ports (base+40000..+40010) are
+    free: from 10000-12699 (the script allows at most 25525)."""
+    return free_port_base([1, 2, 3, 20_001, 20_002, 20_003, *range(40_000, 40_011)],
+                          10_000, 12_700)
+
+
+class LocalRedisCluster:
+    """3 masters on ``port_base + 1..3`` (default: a free base; never the shared 6379)."""
+
+    def __init__(self, port_base: int | None = None) -> None:
+        self.port_base = free_redis_cluster_port_base() if port_base is None else port_base
         self.dir = tempfile.mkdtemp(prefix="imgate-rc-")
-        self.ports = [port_base + i for i in (1, 2, 3)]
+        self.ports = [self.port_base + i for i in (1, 2, 3)]
         self.seeds = ",".join(f"redis://127.0.0.1:{p}" for p in self.ports)
 
     async def _script(self, *args: str) -> str:
@@ -34,9 +53,22 @@ class LocalRedisCluster:
             raise RuntimeError(f"redis_cluster.sh {' '.join(args)}: {out.decode()[-2000:]}")
         return out.decode()
 
-    async def start(self) -> LocalRedisCluster:
+    async def start(self, timeout: float = 30) -> LocalRedisCluster:
+        """Start; return once every master says ``cluster_state:ok`` (the script
+        waits for the first one only, and a client's first command may go to
+        another, which answers CLUSTERDOWN until it agrees)."""
         await self._script("start")
+        await self.wait_ok(timeout)
         return self
+
+    async def wait_ok(self, timeout: float = 30) -> None:
+        """Until all 3 masters report ``cluster_state:ok``; TimeoutError after ``timeout``."""
+        async def all_ok() -> bool:
+            return [await self.state(n) for n in (1, 2, 3)] == ["ok"] * 3
+
+        if not await until(all_ok, timeout=timeout, every=0.1):
+            raise TimeoutError(f"redis cluster {self.seeds}: not ok on every master "
+                               f"after {timeout}s")
 
     async def stop(self) -> None:
         await self._script("stop")
@@ -46,8 +78,9 @@ class LocalRedisCluster:
         await self._script("stop-node", str(n))
 
     async def start_node(self, n: int) -> None:
-        """Bring master ``n`` back and wait for ``cluster_state:ok``."""
+        """Bring master ``n`` back and wait for ``cluster_state:ok`` on every master."""
         await self._script("start-node", str(n))
+        await self.wait_ok()
 
     @staticmethod
     def owns(n: int, slot: int) -> bool:
@@ -70,14 +103,17 @@ class LocalRedisCluster:
 class LocalRabbit:
     """A private RabbitMQ node or cluster (``scripts/rabbitmq_cluster.sh``, its own
     directory and Erlang cookie; never the shared broker on 5672). ``env``:
-    the script's settings (``RMQ_CLUSTER_SIZE``, ``RMQ_CLUSTER_PORT_BASE``).
+    the script's settings (``RMQ_CLUSTER_SIZE``, ``RMQ_CLUSTER_PORT_BASE``;
+    without a port base, a free one is picked: ``port_base``).
     ``urls[N-1]`` is node N's AMQP URL once ``start`` returned."""
 
     SCRIPT = ROOT / "scripts" / "rabbitmq_cluster.sh"
 
     def __init__(self, path: Path, env: dict[str, str] | None = None) -> None:
         self.path = path
-        self.env = env or {}
+        self.env = dict(env or {})
+        self.env.setdefault("RMQ_CLUSTER_PORT_BASE", str(free_rabbit_port_base()))
+        self.port_base = int(self.env["RMQ_CLUSTER_PORT_BASE"])
         self.urls: list[str] = []
 
     def _run(self, *args: str, timeout: float) -> tuple[int, str]:

@@ -1,19 +1,22 @@
 """Private, killable servers for failure tests: a real redis-server and a real
-SecantusDB (MongoDB-compatible) on free ports, owned by one test."""
+SecantusDB (MongoDB-compatible) on free ports, owned by one test; and the free
+ports themselves (one, or a block from one base for the cluster scripts)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["PrivateServer", "free_port", "wait_port"]
+__all__ = ["PrivateServer", "free_port", "free_port_base", "port_free", "wait_port"]
 
 
 def free_port() -> int:
@@ -21,6 +24,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_free(port: int) -> bool:
+    """Whether ``port`` of 127.0.0.1 can be bound (nobody listens on it, on
+    127.0.0.1 or on every address, at the time of asking)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_base(offsets: Iterable[int], low: int, high: int, tries: int = 500) -> int:
+    """A base ``B`` in ``[low, high)`` whose ports ``B + o`` (``o`` in ``offsets``)
+    of 127.0.0.1 are all free at the time of asking, for servers that take a
+    block of ports from one base (``scripts/redis_cluster.sh``'s
+    REDIS_CLUSTER_PORT_BASE, ``scripts/rabbitmq_cluster.sh``'s
+    RMQ_CLUSTER_PORT_BASE). Picked at random, so two runs side by side rarely
+    try the same one. RuntimeError if none was found in ``tries`` picks."""
+    wanted = sorted(set(offsets))
+    pick = random.SystemRandom()
+    for _ in range(tries):
+        base = pick.randrange(low, high)
+        if all(port_free(base + o) for o in wanted):
+            return base
+    raise RuntimeError(f"no free port base in [{low}, {high}) for offsets {wanted}")
 
 
 async def wait_port(port: int, timeout: float = 30, host: str = "127.0.0.1") -> None:

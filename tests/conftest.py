@@ -7,6 +7,17 @@ Redis of their own say so (``redis_cluster=0``). Each test run gets a fresh
 namespace (Redis key prefix, Mongo database, RabbitMQ name prefix), dropped at
 the end, so runs never meet.
 Clients, node processes, private servers and proxies come from ``testkit``.
+
+Marker ``redis_topology``: set here (``pytest_collection_modifyitems``) on every
+test whose behaviour can depend on what IM_REDIS_URL is (one Redis or a
+Cluster): every test that uses a fixture reaching the run's servers
+(``RUN_SERVER_FIXTURES``: ``redis_client``, ``node``, ``make_node``,
+``node_process``, ``mongo_db``, all built on ``run_namespace``; ``http`` and
+``connect``, which reach a node). CI's cluster pass runs only those
+(``pytest -m redis_topology``). A test whose nodes all use a Redis it starts
+itself (``redis_url=...``) is marked ``own_redis`` instead and is left out; the
+fixtures fail such a test if it starts a node on the run's Redis or asks for
+``redis_client``, so the exemption cannot hide a test that does.
 """
 
 from __future__ import annotations
@@ -34,6 +45,36 @@ SECRET = "test-secret-0123456789-abcdefghijkl"
 RUN_NS = new_namespace("t")
 
 NodeFactory = Callable[..., Awaitable[Node]]
+
+# Fixtures through which a test reaches the run's Redis (directly, or through a
+# node on IM_REDIS_URL): a test using any of them gets ``redis_topology``.
+# ``run_namespace`` is under every fixture of the run's servers (``mongo_db``,
+# ``redis_client``, ``make_node``, ``node``, ``node_process``), and a test that
+# starts a ``NodeProcess`` of its own on the run's servers asks for ``mongo_db``
+# (the namespace's database) as the fixtures do. ``http`` may start the default
+# ``node`` on demand (``request.getfixturevalue``), so it is named too, as is
+# ``connect`` (a device on some node).
+RUN_SERVER_FIXTURES = frozenset({"run_namespace", "redis_client", "mongo_db", "make_node",
+                                 "node", "node_process", "http", "connect"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("own_redis") is not None:
+            if "redis_client" in names:
+                raise pytest.UsageError(f"{item.nodeid}: marked own_redis but uses the run's "
+                                        "Redis (redis_client)")
+            continue
+        if names & RUN_SERVER_FIXTURES:
+            item.add_marker(pytest.mark.redis_topology)
+
+
+def _own_redis_guard(request: pytest.FixtureRequest, settings: dict[str, Any]) -> None:
+    """A test marked ``own_redis`` may start nodes only on a Redis of its own."""
+    if request.node.get_closest_marker("own_redis") is not None and "redis_url" not in settings:
+        pytest.fail("a test marked own_redis started a node on the run's Redis "
+                    "(give it redis_url=, or drop the mark)")
 
 
 def base_settings(**overrides: Any) -> Settings:
@@ -85,11 +126,13 @@ async def mongo_db(run_namespace: str) -> AsyncIterator[Any]:
 
 
 @pytest.fixture
-async def make_node(mongo_db: Any) -> AsyncIterator[NodeFactory]:
+async def make_node(mongo_db: Any, request: pytest.FixtureRequest
+                    ) -> AsyncIterator[NodeFactory]:
     """In-process nodes of this run's namespace, closed after the test."""
     nodes: list[Node] = []
 
     async def factory(**overrides: Any) -> Node:
+        _own_redis_guard(request, overrides)
         node = Node(base_settings(**overrides))
         await node.start()
         nodes.append(node)
@@ -106,11 +149,13 @@ async def node(make_node: NodeFactory) -> Node:
 
 
 @pytest.fixture
-async def node_process(mongo_db: Any) -> AsyncIterator[Callable[..., Awaitable[NodeProcess]]]:
+async def node_process(mongo_db: Any, request: pytest.FixtureRequest
+                       ) -> AsyncIterator[Callable[..., Awaitable[NodeProcess]]]:
     """Nodes as processes (``python -m gateway serve``), stopped after the test."""
     procs: list[NodeProcess] = []
 
     async def factory(**settings: Any) -> NodeProcess:
+        _own_redis_guard(request, settings)
         env = node_env(namespace=RUN_NS, auth_secret=SECRET, ws_port=0, http_port=0,
                        metrics_port=0, **settings)
         proc = NodeProcess(env)
@@ -143,6 +188,9 @@ async def http(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Ht
     users: list[HttpUser] = []
 
     def factory(user: str, target: Any = None) -> HttpUser:
+        if target is None and request.node.get_closest_marker("own_redis") is not None:
+            pytest.fail("a test marked own_redis asked http() for the default node "
+                        "(on the run's Redis): pass its own node")
         port = (target or request.getfixturevalue("node")).http_port
         u = HttpUser(port, token(user))
         users.append(u)

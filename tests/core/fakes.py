@@ -22,6 +22,7 @@ from store.records import (
     ChatMessage,
     ConversationRow,
     Delivery,
+    Erasure,
     GroupMessage,
     OfflinePage,
     StoredMessage,
@@ -148,6 +149,7 @@ class FakeOffline(Faulty):
         self.inboxes: dict[str, Inbox] = {}
         self.deliveries: list[Delivery] = []
         self.acked: list[tuple[str, str, str]] = []
+        self.erased: list[Erasure] = []
 
     async def deliver(self, deliveries: Sequence[Delivery],
                       acked: Sequence[tuple[str, str, str]], *, routes: bool = True
@@ -178,6 +180,35 @@ class FakeOffline(Faulty):
         if user in self.inboxes:
             self.inboxes[user].unread[conv] = left
         return len(left)
+
+    async def erase(self, erasures: Sequence[Erasure]) -> None:
+        """As ``erase.lua``, per erasure: a recall puts the tombstone in the
+        entry's place (and in the conversation's last, if it was that); a
+        forget drops the entry and, if it was the last, puts the newest left
+        (``frame``/``frame_mid``) there or takes the conversation off the list.
+        A mid still unread is no longer counted."""
+        self._up("erase")
+        for e in erasures:
+            self.erased.append(e)
+            box = self.inboxes.setdefault(e.user, Inbox())
+            if e.mid in box.entries:
+                if e.recall:
+                    box.entries[e.mid] = e.frame
+                else:
+                    del box.entries[e.mid]
+            last = box.convs.get(e.conv)
+            if last is not None and last[0] == e.mid:
+                if e.recall:
+                    box.convs[e.conv] = (e.mid, e.frame)
+                elif e.frame:
+                    box.convs[e.conv] = (e.frame_mid, e.frame)
+                else:
+                    del box.convs[e.conv]
+            unread = box.unread.get(e.conv)
+            if unread is not None:
+                unread.discard(e.mid)
+                if not unread:
+                    del box.unread[e.conv]
 
     async def ack(self, user: str, *, mids: Sequence[int] = (), upto: int = -1) -> None:
         self._up("ack")
@@ -256,6 +287,26 @@ class FakeMessages(Faulty):
         else:
             picked = sorted((m for m in mids if before is None or m < before), reverse=True)
         return [self.bodies[m] for m in picked[:limit] if m in self.bodies]
+
+    async def recall(self, mid: int, sender: str) -> ChatMessage | None:
+        """Recalled, body dropped; None if ``sender`` sent no 1:1 message ``mid``."""
+        self._up("recall")
+        m = self.bodies.get(mid)
+        if not isinstance(m, ChatMessage) or m.sender != sender:
+            return None
+        self.bodies[mid] = m = ChatMessage(m.mid, m.sender, m.to, m.cmid, None, recalled=True)
+        return m
+
+    async def sender_of(self, mid: int) -> str | None:
+        """The sender of the 1:1 message ``mid`` (group messages are the group store's)."""
+        self._up("sender_of")
+        m = self.bodies.get(mid)
+        return m.sender if isinstance(m, ChatMessage) else None
+
+    async def forget(self, owner: str, mid: int) -> str | None:
+        """Out of ``owner``'s box only (the body stays for the other side)."""
+        self._up("forget")
+        return self.boxes.get(owner, {}).pop(mid, None)
 
     async def add_group_boxes(self, entries: Sequence[tuple[GroupMessage, Sequence[str]]]
                               ) -> None:

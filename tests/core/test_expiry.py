@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import cast
 
 from gateway.ws.expiry import ExpiryWheel
 from testkit.poll import until
@@ -20,7 +21,7 @@ class Conn:
 
 async def test_each_is_closed_after_its_exp_and_not_before():
     closed: list[tuple[str, float]] = []
-    wheel = ExpiryWheel(lambda c: closed.append((c.name, time.time())))
+    wheel = ExpiryWheel(lambda c: closed.append((cast(Conn, c).name, time.time())))
     now = time.time()
     # b and c share a second, a second after a's at least (a's bucket, ceil(exp),
     # ends before now + 1.3): a is closed strictly before them.
@@ -37,7 +38,7 @@ async def test_each_is_closed_after_its_exp_and_not_before():
 
 async def test_discard_and_a_later_exp_replace_the_first():
     closed: list[str] = []
-    wheel = ExpiryWheel(lambda c: closed.append(c.name))
+    wheel = ExpiryWheel(lambda c: closed.append(cast(Conn, c).name))
     now = time.time()
     gone, moved, kept = Conn("gone"), Conn("moved"), Conn("kept")
     for c in (gone, moved, kept):

@@ -82,7 +82,7 @@ def test_tokens():
     expired = jwt.encode({"sub": "a", "exp": int(time.time()) - 10}, SECRET, "HS256")
     no_exp = jwt.encode({"sub": "a"}, SECRET, "HS256")
     bad_sub = jwt.encode({"sub": "a b", "exp": int(time.time()) + 60}, SECRET, "HS256")
-    none_alg = jwt.encode({"sub": "a", "exp": int(time.time()) + 60}, None, "none")
+    none_alg = jwt.encode({"sub": "a", "exp": int(time.time()) + 60}, "", "none")
     for t in (None, "", "junk", expired, no_exp, bad_sub, none_alg,
               issue_token("y" * 32, "alice")):
         with pytest.raises(ProtocolError) as info:

@@ -4,6 +4,7 @@ and registered just after the control message is closed too (no I/O here)."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -38,6 +39,6 @@ async def test_a_disconnect_is_not_remembered(mod):
 async def test_a_revocation_holds_back_older_tokens_only_and_is_forgotten(mod, monkeypatch):
     assert mod.apply_control(["u"], Revoke(100.0)) is None
     assert mod.held_back(conn("u", iat=50)) and not mod.held_back(conn("u", iat=150))
-    later = m.time.monotonic() + m.RECENT_S + 1
-    monkeypatch.setattr(m.time, "monotonic", lambda: later)
+    later = time.monotonic() + m.RECENT_S + 1
+    monkeypatch.setattr(time, "monotonic", lambda: later)  # the module reads time.monotonic
     assert not mod.held_back(conn("u", iat=50))  # the handshake's own check holds then

@@ -30,7 +30,7 @@ def put(rooms: RoomHub, epoch: str, *poss: int) -> None:
 
 
 def received(member) -> list[tuple[str, int]]:
-    out = []
+    out: list[tuple[str, int]] = []
     for wire in tr(member).out:
         for frame in parse(wire):
             obj = orjson.loads(frame.data)

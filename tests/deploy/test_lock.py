@@ -51,7 +51,9 @@ def pins(lock: str) -> dict[str, Version]:
         if not head or head.startswith("#"):
             continue
         spec, _, marker = head.partition(";")
-        name, op, ver = re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+)(==)(\S+)", spec.strip()).groups()
+        pinned = re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+)(==)(\S+)", spec.strip())
+        assert pinned is not None, f"{lock}: {spec.strip()!r} is not pinned with =="
+        name, op, ver = pinned.groups()
         assert "--hash=sha256:" in entry, f"{lock}: {name} has no hash"
         if marker.strip() and not Marker(marker.strip()).evaluate(TARGET):
             continue

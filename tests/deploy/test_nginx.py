@@ -58,7 +58,7 @@ def tokens(text: str) -> list[str]:
 
 def parse(text: str) -> Directive:
     root = Directive("main", [])
-    stack, words = [root], []
+    stack, words = [root], list[str]()
     for tok in tokens(text):
         if tok == ";":
             stack[-1].children.append(Directive(words[0], words[1:]))

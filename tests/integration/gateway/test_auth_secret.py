@@ -36,7 +36,7 @@ async def gateway_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
 @pytest.fixture
 async def secretless(tmp_path, mongo_db):
     """A node process with no IM_AUTH_SECRET and its own secret file."""
-    env = node_env(namespace=RUN_NS, ws_port=0, http_port=0, auth_secret="",
+    env = node_env(namespace=RUN_NS, ws_port=0, http_port=0, metrics_port=0, auth_secret="",
                    auth_secret_file=tmp_path / "state" / "auth_secret")
     proc = NodeProcess(env)
     try:
@@ -71,7 +71,7 @@ async def test_a_node_without_a_secret_refuses_the_old_development_secret(secret
 
 async def test_production_refuses_to_start_without_a_secret(tmp_path):
     env = node_env(env="production", auth_secret="", auth_secret_file=tmp_path / "s",
-                   ws_port=0, http_port=0)
+                   ws_port=0, http_port=0, metrics_port=0)
     rc, out, err = await gateway_cli("serve", env=env)
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and "IM_ENV=production needs IM_AUTH_SECRET" in err
@@ -79,7 +79,8 @@ async def test_production_refuses_to_start_without_a_secret(tmp_path):
 
 
 async def test_the_old_development_secret_cannot_be_configured(tmp_path):
-    rc, _, err = await gateway_cli("serve", env=node_env(auth_secret=OLD_DEV_SECRET))
+    rc, _, err = await gateway_cli("serve", env=node_env(auth_secret=OLD_DEV_SECRET, ws_port=0,
+                                                         http_port=0, metrics_port=0))
     assert rc == 2 and "published development value" in err
 
 

@@ -65,10 +65,16 @@ async def test_bad_frame_gets_error_and_connection_survives(
     await nothing_stored(peer, mongo_db, redis_client)
 
 
-async def test_error_reply_carries_the_request_id(node, connect):
+@pytest.mark.parametrize("rid", ["req-7", "x" * 64, 42, 0, -1, 2**63 - 1])
+async def test_error_reply_carries_the_request_id(node, connect, rid):
+    """``re`` is the frame's ``id`` as sent (a string of at most 64 characters or
+    an integer, its type kept): read raw, not through the client's matching."""
     c = await connect(node, uid())
-    reply = await c.request("send", to="x y", cmid="c", body=1)
-    assert reply["op"] == "error" and reply["code"] == "bad_request" and reply["re"]
+    await c.send_raw(orjson.dumps({"op": "send", "id": rid, "to": "x y", "cmid": "c",
+                                   "body": 1}).decode())
+    reply = await c.next_push()
+    assert reply["op"] == "error" and reply["code"] == "bad_request", reply
+    assert reply["re"] == rid and type(reply["re"]) is type(rid), reply
 
 
 async def test_frame_over_size_limit_closes_1009(make_node, connect, mongo_db, redis_client):

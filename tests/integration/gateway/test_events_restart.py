@@ -5,7 +5,7 @@ killed with SIGKILL) and started again in the middle of a steady stream of
 allowed, and counted).
 
 The broker is a private single RabbitMQ node (``scripts/rabbitmq_cluster.sh``
-with RMQ_CLUSTER_SIZE=1, AMQP 127.0.0.1:5691; its own directory and Erlang
+with RMQ_CLUSTER_SIZE=1 on free ports; its own directory and Erlang
 cookie), started once for this module and always torn down. Two gateways run
 as real processes on it and on the run's Redis and MongoDB (whatever
 IM_REDIS_URL / IM_REDIS_CLUSTER / IM_MONGO_URL name). The test's own durable
@@ -38,9 +38,9 @@ from testkit.poll import until
 from testkit.probe import sample
 from tests.conftest import RUN_NS, uid
 
-# One node, AMQP on 5691: clear of the cluster test's 5681-5683 (and their
-# Erlang ports), and of the shared broker on 5672.
-SCRIPT_ENV = {"RMQ_CLUSTER_SIZE": "1", "RMQ_CLUSTER_PORT_BASE": "5690", "KEEP": "0"}
+# One node, on ports LocalRabbit picks free (clear of the shared broker on 5672,
+# of the cluster test's and of anything else running).
+SCRIPT_ENV = {"RMQ_CLUSTER_SIZE": "1", "KEEP": "0"}
 GATEWAY = {"metrics_public": 1, "heartbeat_s": 0.5, "heartbeat_ttl_s": 2.0}
 PACE_S = 0.04  # between two sends: ~20 a second
 BEFORE = 20  # acked sends before the broker goes down

@@ -92,10 +92,12 @@ async def test_every_call_refuses_bad_input(two, http, connect):
     # the owner may not leave; a hand-over goes to a member only
     assert code(await http(owner, n2).post(f"/v1/groups/{g}/leave")) == (400, "bad_request")
     assert code(await patch(http, owner, n1, g, owner=x)) == (400, "bad_request")
-    for body in ({}, {"name": ""}, {"name": "n" * 129}, {"name": 5}, {"owner": "g:x"},
-                 {"owner": "a b"}, {"name": "n", "extra": 1}, {"name": None}):
-        r = await patch(http, owner, n2, g, **body)
-        assert code(r) == (400, "bad_request"), (body, r.text)
+    bad_bodies: list[dict[str, Any]] = [
+        {}, {"name": ""}, {"name": "n" * 129}, {"name": 5}, {"owner": "g:x"}, {"owner": "a b"},
+        {"name": "n", "extra": 1}, {"name": None}]
+    for bad_body in bad_bodies:
+        r = await patch(http, owner, n2, g, **bad_body)
+        assert code(r) == (400, "bad_request"), (bad_body, r.text)
     r = await http(owner, n1).request("PATCH", f"/v1/groups/{g}", content=b"[1]",
                                       headers={"Content-Type": "application/json"})
     assert code(r) == (400, "bad_request")
@@ -119,9 +121,10 @@ async def test_listing_info_and_member_pages(two, http):
     g = await new_group(http, owner, members, n1)
     other = await new_group(http, members[0], [owner], n2)
     mine = (await http(owner, n2).get("/v1/groups")).json()["groups"]
-    assert mine == sorted([{"group": g, "name": "team", "owner": owner, "members": 25},
-                           {"group": other, "name": "team", "owner": members[0],
-                            "members": 2}], key=lambda x: x["group"])
+    listed: list[dict[str, Any]] = [
+        {"group": g, "name": "team", "owner": owner, "members": 25},
+        {"group": other, "name": "team", "owner": members[0], "members": 2}]
+    assert mine == sorted(listed, key=lambda x: x["group"])
     assert (await http(members[3], n1).get(f"/v1/groups/{g}")).json() == \
         {"group": g, "name": "team", "owner": owner, "members": 25}
     seen: list[str] = []

@@ -1,4 +1,4 @@
-"""A hostile client must not hurt anyone else (issue 11), on real node processes.
+"""A hostile client must not hurt anyone else, on real node processes.
 
 Each test runs a node as its own process (as in production: the flooding
 client and the node do not share an event loop) with its default budgets,
@@ -146,9 +146,9 @@ async def _poison_run(proc: NodeProcess, op: str, attacker: Device, victim: Devi
                     cmid, _send_frame(op, target, cmid, body))
 
     async def valid() -> list[dict[str, Any]]:
+        to: dict[str, Any] = {victim_target[0]: victim_target[1]}
         return list(await asyncio.gather(*(
-            victim.request(op, **{victim_target[0]: victim_target[1]}, cmid=f"v{i}", body={"i": i})
-            for i in range(n_valid))))
+            victim.request(op, **to, cmid=f"v{i}", body={"i": i}) for i in range(n_valid))))
 
     replies, _ = await asyncio.gather(valid(), attack())
     return replies, poison_replies
@@ -267,7 +267,7 @@ async def test_recv_ack_flood_is_priced_by_its_mids(node_process):
     frame = orjson.dumps({"op": "recv_ack", "id": "ra", "mids": list(range(1, 1001))})
     for _ in range(50):  # 50 x 101 op tokens: far over the 600-token burst
         await d.send_raw(frame.decode())
-    refused = []
+    refused: list[dict[str, Any]] = []
     async with asyncio.timeout(10):
         while len(refused) < 40:
             refused.append(await d.next_push("error"))

@@ -425,7 +425,7 @@ async def check_example(run: Run, frames: list[Frame]) -> list[str]:
     events: list[str] = []
     sent_text = "".join(p if isinstance(p, str) else p.decode(errors="replace")
                         for p in payloads)
-    shown = [p if len(p) < 300 else p[:300] + (b"..." if isinstance(p, bytes) else "...")
+    shown = [p if len(p) < 300 else p[:300] + b"..." if isinstance(p, bytes) else p[:300] + "..."
              for p in payloads]
     why = f"user {me}, frames {shown!r}"
     ex = await exchange(run.node.ws_port, me, payloads)
@@ -556,7 +556,7 @@ async def test_a_lone_surrogate_frame_with_an_id_past_64_bits_is_answered(node, 
                           close_timeout=2) as ws:
         await ws.send(frame)
         await ws.send('{"op":"ping","id":"after"}')
-        replies = []
+        replies: list[Any] = []
         with contextlib.suppress(ConnectionClosed):
             async with asyncio.timeout(REPLY_WAIT_S):
                 while not replies or replies[-1].get("re") != "after":

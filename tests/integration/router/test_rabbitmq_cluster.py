@@ -3,11 +3,11 @@ node of the cluster is killed under the gateways connected to it, and they
 move to another node of ``IM_AMQP_URL``, replay their setup there (queue,
 bindings, consumer) and carry 1:1 and room traffic again.
 
-The cluster is private (AMQP 127.0.0.1:5681-5683, or RMQ_CLUSTER_PORT_BASE+1..3;
-its own directory and Erlang cookie), started once for this module and always
-torn down. The gateways are real processes on the run's Redis and MongoDB
-(whatever IM_REDIS_URL / IM_REDIS_CLUSTER / IM_MONGO_URL name). Every wait
-polls with a deadline.
+The cluster is private (AMQP on 127.0.0.1, RMQ_CLUSTER_PORT_BASE+1..3 with a
+free base picked by ``LocalRabbit``; its own directory and Erlang cookie),
+started once for this module and always torn down. The gateways are real
+processes on the run's Redis and MongoDB (whatever IM_REDIS_URL /
+IM_REDIS_CLUSTER / IM_MONGO_URL name). Every wait polls with a deadline.
 """
 
 from __future__ import annotations

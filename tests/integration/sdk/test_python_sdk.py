@@ -293,7 +293,7 @@ async def test_a_room_is_rejoined_with_since_and_recovered(make_node, proxy, sdk
         assert j.msgs == [] and j.recovered is None
         for i in range(3):
             await speaker.room_send(room, i)
-        live = []
+        live: list[Any] = []
         async with asyncio.timeout(10):
             while len(live) < 3:
                 ev = await q.next(RoomMessages)

@@ -6,6 +6,7 @@ port), kills it with SIGKILL in the middle, and starts it again.
 
 from __future__ import annotations
 
+import pytest
 from pymongo import AsyncMongoClient
 
 from testkit.poll import until
@@ -45,9 +46,9 @@ async def test_mongo_down_gives_unavailable_then_recovers(private, make_node, co
     assert (await http(b, node).get("/v1/conversations")).json()["total_unread"] == 2
 
 
+@pytest.mark.own_redis  # a plain Redis of its own: the Redis Cluster pass skips it
 async def test_redis_down_gives_unavailable_then_recovers(private, make_node, connect, http):
     redis = await private("redis")
-    # A plain Redis of its own (also in the Redis Cluster pass).
     node = await make_node(redis_url=redis.url, redis_cluster=0, dep_timeout_s=1.0)
     a, b = uid("a"), uid("b")
     ca = await connect(node, a)
@@ -95,13 +96,16 @@ async def test_group_send_with_mongo_down_then_back_keeps_seqs_whole(private, ma
     client: AsyncMongoClient = AsyncMongoClient(mongo.url)
     try:
         docs = [d async for d in client[RUN_NS].group_msgs.find({"g": g}).sort("seq", 1)]
-        counter = (await client[RUN_NS].groups.find_one({"_id": g}))["seq"]
+        group_doc = await client[RUN_NS].groups.find_one({"_id": g})
+        assert group_doc is not None
+        counter = group_doc["seq"]
     finally:
         await client.close()
     assert [d["seq"] for d in docs] == list(range(1, counter + 1))
     assert [d["seq"] for d in docs if not d.get("dead")] == [1, r["seq"]]
 
 
+@pytest.mark.own_redis  # a plain Redis of its own: the Redis Cluster pass skips it
 async def test_room_send_without_redis_is_never_acked_and_a_new_epoch_follows(
         private, make_node, connect):
     redis = await private("redis")

@@ -1,5 +1,6 @@
 """The Redis Cluster client the stores use (``store.redis_client``), on a
-private local cluster (ports 7201-7203; in both CI passes): scripts in
+private local cluster (on free ports; not the run's Redis, so CI's
+single-Redis pass runs it and the cluster pass need not): scripts in
 pipelines across nodes, NOSCRIPT after a node lost its script cache, the
 bounded gate, and errors as ``Unavailable``."""
 
@@ -11,15 +12,29 @@ from collections.abc import AsyncIterator
 import pytest
 
 from core.errors import Unavailable
-from store.redis_client import Batch, Lua, connect_redis, redis_guard
+from store.redis_client import Batch, GatedRedisCluster, Lua, connect_redis, redis_guard
 from testkit.clusters import LocalRedisCluster
 from testkit.poll import until
+from testkit.servers import free_port
 from tests.conftest import uid
+
+
+def gated(seeds: str, timeout_s: float, **kw: int) -> GatedRedisCluster:
+    """``connect_redis(..., cluster=True)``: the gated cluster client."""
+    r = connect_redis(seeds, timeout_s, cluster=True, **kw)
+    assert isinstance(r, GatedRedisCluster)
+    return r
+
+
+async def hget_int(r: GatedRedisCluster, key: str, field: str) -> int:
+    value = await r.hget(key, field)
+    assert value is not None, key
+    return int(value)
 
 
 @pytest.fixture(scope="module")
 async def cluster() -> AsyncIterator[LocalRedisCluster]:
-    c = LocalRedisCluster(port_base=7200)
+    c = LocalRedisCluster()  # free ports
     try:
         yield await c.start()
     finally:
@@ -27,7 +42,7 @@ async def cluster() -> AsyncIterator[LocalRedisCluster]:
 
 
 async def test_scripts_in_a_pipeline_run_on_every_node_even_after_a_script_flush(cluster):
-    r = connect_redis(cluster.seeds, 2.0, cluster=True)
+    r = gated(cluster.seeds, 2.0)
     hmax = Lua("hmax.lua")
     ns = uid("s")
     keys = [f"{ns}:{{u{i}}}" for i in range(60)]  # spread over the three masters
@@ -42,7 +57,7 @@ async def test_scripts_in_a_pipeline_run_on_every_node_even_after_a_script_flush
             # run before re-sent scripts: store.redis_client.Batch says so)
             replies = await batch.execute()
             assert replies[:-1] == [i + 100 * flush for i in range(len(keys))]
-            assert [int(await r.hget(k, "f")) for k in keys] == \
+            assert [await hget_int(r, k, "f") for k in keys] == \
                 [i + 100 * flush for i in range(len(keys))]
         await r.execute_command("SCRIPT FLUSH", target_nodes=r.PRIMARIES)
         assert await hmax(r, [keys[0]], ["f", 7]) == 100  # outside a pipeline too
@@ -55,8 +70,8 @@ async def test_scripts_in_a_pipeline_run_on_every_node_even_after_a_script_flush
 async def test_the_gate_bounds_connections_waits_then_gives_unavailable(cluster):
     # The wait (2 s) is only an upper bound here: generous, so a loaded machine
     # does not turn the burst's queueing into a failure.
-    r = connect_redis(cluster.seeds, 2.0, cluster=True, max_connections=4)
-    watch = connect_redis(cluster.seeds, 2.0, cluster=True)
+    r = gated(cluster.seeds, 2.0, max_connections=4)
+    watch = gated(cluster.seeds, 2.0)
     ns = uid("g")
     try:
         await r.ping(target_nodes=r.PRIMARIES)
@@ -92,14 +107,14 @@ async def test_the_gate_bounds_connections_waits_then_gives_unavailable(cluster)
         await watch.aclose()
 
 
-async def _clients(r) -> dict[str, int]:
+async def _clients(r: GatedRedisCluster) -> dict[str, int]:
     """connected_clients of each primary."""
     infos = await r.info("clients", target_nodes=r.PRIMARIES)
     return {name: int(i["connected_clients"]) for name, i in infos.items()}
 
 
 async def test_cluster_errors_are_unavailable(cluster):
-    r = connect_redis("redis://127.0.0.1:7299", 0.5, cluster=True)  # nothing listens
+    r = connect_redis(f"redis://127.0.0.1:{free_port()}", 0.5, cluster=True)  # nothing listens
     with pytest.raises(Unavailable):
         async with redis_guard():
             await r.ping()

@@ -3,6 +3,7 @@ the nodes write their routes again and no acknowledged message is lost."""
 
 from __future__ import annotations
 
+import pytest
 import redis.asyncio as aioredis
 
 from store.keys import Keys
@@ -15,9 +16,9 @@ from tests.integration.router.test_failover import (
 )
 
 
+@pytest.mark.own_redis  # a plain Redis of its own, flushed: the Redis Cluster pass skips it
 async def test_redis_flush_mid_soak(private, make_node):
     private_redis = await private("redis")
-    # A plain Redis of its own (also in the Redis Cluster pass): it is flushed.
     nodes = [await make_node(redis_url=private_redis.url, redis_cluster=0, **FAST_HEARTBEAT)
              for _ in range(3)]
     await settle(*nodes)
