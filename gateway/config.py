@@ -110,6 +110,7 @@ class Settings:
     recall_window_s: float = 120.0  # a sender may recall a message this long after sending
     presence_subs_max: int = 1000  # users one connection may watch (presence_sub)
     presence_grace_s: float = 5.0  # a user is offline once no device was back for this long
+    register_grace_s: float = 30.0  # a device not fully registered (Redis down) this long: 1012
 
     @property
     def event_types(self) -> tuple[str, ...]:
@@ -163,7 +164,8 @@ class Settings:
                      "room_window_ms", "room_buffer_max", "room_pending_max",
                      "room_max_per_conn", "room_report_s", "room_refresh_s", "stuck_close_s",
                      "feed_timeline_max", "feed_text_max", "feed_queue_max",
-                     "events_pending_max", "presence_grace_s", "recall_window_s",
+                     "events_pending_max", "presence_grace_s", "register_grace_s",
+                     "recall_window_s",
                      "presence_subs_max", "room_history_ttl_s", "room_reorder_ms",
                      "room_write_chunk", "room_write_at_once", "listen_backlog"):
             if getattr(self, name) <= 0:

@@ -36,14 +36,17 @@ class GroupMembership:
         self._loads: Batcher[str, list[str]] = Batcher(
             cache.groups_of, name="redis", max_batch=max_batch, max_pending=max_pending)
 
-    async def connected(self, client: Client) -> None:
+    async def connected(self, client: Client) -> bool:
+        """Load the device's groups into the map; False if they could not be read
+        (the registry tries again until they are, or closes the connection)."""
         try:
             groups = await self._loads.submit(client.user)
-        except Unavailable as exc:  # pushes of groups wait for a reconnect; sync has it all
+        except Unavailable as exc:
             log.warning("groups of %s not loaded: %s", client.user, exc)
-            return
+            return False
         if groups:
             await self._join(client, groups)
+        return True
 
     async def _join(self, client: Client, groups: list[str]) -> None:
         for g in groups:

@@ -1,0 +1,88 @@
+"""A device that connects while Redis is down is never left connected and deaf
+(docs/protocol.md, "Room delivery under faults"): its route and its groups are
+registered once Redis is back, or, past ``IM_REGISTER_GRACE_S``, it is closed
+with 1012 so that it reconnects.
+
+Each test owns a private redis-server on a free port, kills it with SIGKILL
+and starts it again (empty: everything it held is gone).
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+
+from testkit.poll import until
+from tests.conftest import RUN_NS, uid
+
+pytestmark = pytest.mark.own_redis  # a plain Redis of its own: the cluster pass skips it
+
+
+async def _group(http, node, owner: str, member: str) -> str:
+    r = await http(owner, node).post("/v1/groups", json={"name": "g", "members": [member]})
+    assert r.status_code == 200, r.text
+    return str(r.json()["group"])
+
+
+async def _acked(client, op: str, **fields):
+    async def acked():
+        r = await client.request(op, timeout=15, **fields)
+        assert r["op"] == "ack" or r["code"] == "unavailable", r
+        return r if r["op"] == "ack" else None
+
+    r = await until(acked, timeout=30, every=0.25)
+    assert r is not None, f"{op} never acked after Redis came back"
+    return r
+
+
+async def test_a_device_connected_while_redis_was_down_gets_group_pushes_after(
+        private, make_node, connect, http):
+    redis = await private("redis")
+    node = await make_node(redis_url=redis.url, redis_cluster=0, dep_timeout_s=1.0)
+    owner, member = uid("o"), uid("m")
+    group = await _group(http, node, owner, member)
+    sender = await connect(node, owner)
+
+    await redis.kill()
+    late = await connect(node, member)  # admitted without the Redis checks, not registered
+    assert await until(lambda: node.app.registry.unfinished == 1, timeout=15)
+
+    await redis.start()  # empty: the route and the group cache are rebuilt
+    assert await until(lambda: node.app.registry.unfinished == 0, timeout=15)
+    ack = await _acked(sender, "group_send", group=group, cmid="after", body="hi")
+    push = await late.next_push("group_msg", timeout=10)
+    assert (push["mid"], push["body"]) == (ack["mid"], "hi")
+    assert not late.closed
+
+
+async def test_the_route_of_such_a_device_is_written_once_redis_is_back(
+        private, make_node, connect):
+    redis = await private("redis")
+    node = await make_node(redis_url=redis.url, redis_cluster=0, dep_timeout_s=1.0)
+    user = uid("u")
+    await redis.kill()
+    await connect(node, user)
+    assert await until(lambda: node.app.registry.unfinished == 1, timeout=15)
+    await redis.start()
+    r = aioredis.from_url(redis.url)
+    try:
+        async def routed() -> bool:
+            return bool(await r.hgetall(f"{RUN_NS}:rt:{{{user}}}"))
+
+        # Other nodes find the device through this route: without it, 1:1 pushes
+        # from users on other nodes would never reach it.
+        assert await until(routed, timeout=15)
+    finally:
+        await r.aclose()
+
+
+async def test_a_device_whose_registration_cannot_complete_is_closed_with_1012(
+        private, make_node, connect):
+    redis = await private("redis")
+    node = await make_node(redis_url=redis.url, redis_cluster=0, dep_timeout_s=1.0,
+                           register_grace_s=2.0)
+    await redis.kill()
+    device = await connect(node, uid("u"))
+    assert await device.wait_closed(timeout=20) == 1012
+    assert device.close_reason == "registration incomplete: reconnect"
+    assert node.app.registry.unfinished == 0
