@@ -84,6 +84,9 @@ def serve(settings: Settings, secret_file: Path | None = None) -> int:
             "for nodes on several machines, and IM_ENV=production to require it)", secret_file)
     # A line per connection opened and closed costs CPU and disk at 10k connections.
     logging.getLogger("websockets.server").setLevel(logging.WARNING)
+    # aiormq logs a lost link with a traceback (and each refused connect again); the
+    # broker logs one line per attempt with the cause, the next URL and the backoff.
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
