@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -44,6 +45,8 @@ from store.redis_urls import cluster_seeds
 
 __all__ = ["Batch", "Lua", "RedisClient", "cluster_state", "connect_redis",
            "load_lua", "redis_guard", "spop_spread"]
+
+log = logging.getLogger("store.redis")
 
 RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
 MAX_CONNECTIONS = 64
@@ -273,4 +276,10 @@ async def redis_guard() -> AsyncIterator[None]:
     except RedisError as exc:  # e.g. OOM, LOADING, READONLY, CLUSTERDOWN: nothing stored
         raise Unavailable("redis", type(exc).__name__) from exc
     except RedisClusterException as exc:  # slots not covered, no node answers
+        raise Unavailable("redis", type(exc).__name__) from exc
+    except RuntimeError as exc:
+        # The cluster client can surface a broken connection as a bare RuntimeError
+        # (two readers on one stream while a master fails over): still "unavailable",
+        # one line in the log, no traceback.
+        log.warning("redis client error taken as unavailable: %s", exc)
         raise Unavailable("redis", type(exc).__name__) from exc
