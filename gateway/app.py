@@ -151,7 +151,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         window_s=s.room_window_ms / 1000, rate_cap=s.room_rate_cap, frame_max=s.max_frame,
         buffer_max=s.room_buffer_max, pending_max=s.room_pending_max,
         reorder_s=s.room_reorder_ms / 1000, write_chunk=s.room_write_chunk,
-        write_at_once=s.room_write_at_once))
+        write_at_once=s.room_write_at_once, history_ttl_s=s.room_history_ttl_s))
     group_hub = GroupHub(hub)
     broker = make_broker(s.broker, s.amqp_url, s.namespace)
     bindings = Bindings(broker, metrics, s.room_unbind_delay_s, int(60 / s.room_report_s))
@@ -188,6 +188,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     live = LiveRooms(name, RoomRules.from_settings(s), metrics, room_hub, router, stores.rooms,
                      bindings,
                      stores.sanctions, stores.room_history)
+    router.when_resumed(lambda _lost_at: live.resumed())  # room messages missed meanwhile
     controls.handle(RoomMute, live.apply_control)
     controls.handle(RoomUnmute, live.apply_control)
     controls.handle(RoomKick, live.apply_control)

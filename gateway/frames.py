@@ -3,7 +3,7 @@
 One constructor per frame: replies (``ack``, ``ok``, ``error``, ``pong``,
 ``joined``, ``left``, ``presence``), pushes (``msg`` / ``group_msg`` from
 store records, ``typing``, ``read``, ``receipt``, ``recalled``,
-``group_event``, ``feed``, ``notice``, ``reconnect``). Each returns the
+``group_event``, ``feed``, ``notice``, ``room_gap``, ``reconnect``). Each returns the
 encoded bytes, built once and written unchanged to every socket that gets
 them; a reply without a request id carries no ``re``. ``room_msgs`` is the
 one frame built elsewhere: ``gateway.rooms.coalesce`` joins a window's
@@ -23,7 +23,8 @@ from store.records import ChatMessage, GroupMessage, StoredMessage
 
 __all__ = ["ack", "body_value", "encode", "encode_group", "error", "feed", "frame_of",
            "group_event", "group_frame", "joined", "left", "msg_frame", "notice", "ok", "pong",
-           "presence", "read", "receipt", "recalled", "reconnect", "tombstone", "typing"]
+           "presence", "read", "receipt", "recalled", "reconnect", "room_gap", "tombstone",
+           "typing"]
 
 
 def body_value(body: Any) -> Any:
@@ -157,6 +158,12 @@ def feed(post: Any, author: str, ts: Any) -> bytes:
 def notice(body: bytes, ts_ms: int) -> bytes:
     """The server API's ``notice``: ``body`` is already-encoded JSON; not stored."""
     return b'{"op":"notice","body":' + body + b',"ts":' + str(ts_ms).encode() + b"}"
+
+
+def room_gap(room: str, epoch: str, after: int) -> bytes:
+    """Room messages after ``after`` may be missing here and are no longer kept
+    (or could not be read): rejoin with ``since`` to get what is kept."""
+    return orjson.dumps({"op": "room_gap", "room": room, "epoch": epoch, "after": after})
 
 
 def reconnect() -> bytes:

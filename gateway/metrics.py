@@ -113,6 +113,12 @@ class NodeMetrics:
         self.room_held = Counter(
             "im_room_held_total", "Room flushes that held messages back for a missing "
             "position (another node's message still crossing the broker)", registry=r)
+        self.room_recoveries = Counter(
+            "im_room_recoveries_total", "Rooms this node may have missed messages of (a gap "
+            "past the reorder wait, or a broker outage), by outcome: recovered (from the "
+            "history, late but in order), gap (no longer kept: members told room_gap), "
+            "failed (history unreadable: room_gap), timeout (no answer in time: room_gap)",
+            ["outcome"], registry=r)
         self.room_positions = Counter(
             "im_room_position_calls_total", "Redis calls positioning and keeping room "
             "messages, by outcome (ok, unavailable); one per room per window", ["outcome"],

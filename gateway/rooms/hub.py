@@ -19,12 +19,20 @@ take ~90 ms here), each member gets one write per pass with every frame it
 lacks, and a message waits at most one pass. Smaller rooms are written at
 once.
 
-Positioned messages (``pos`` and ``epoch``, rooms v2) leave in position
-order: a flush sorts its window, and when positions are missing between the
-last one this node delivered and the window's, waits for them once, up to
-``reorder_s`` (the publishing nodes' messages cross the broker separately),
-then sends what it has. So a member sees a room's positions increase, and
-the highest it saw is where a recovery starts.
+Positioned messages (``pos`` and ``epoch``) leave in position order: a
+flush sorts its window, and when positions are missing between the last one
+this node delivered and the window's, waits for them once, up to
+``reorder_s`` (the publishing nodes' messages cross the broker separately).
+If they are still missing then, this node may have missed them (its broker
+link was lost, an envelope was dropped): the room's flushes wait while its
+history is read (``when_gap`` hooks; ``recovered`` with the answer), the
+missing messages go out late but in position order, and where they are no
+longer kept each member is told ``room_gap`` first. After a broker outage
+every local room is checked the same way (``suspect_all``), also when no
+later message would reveal the gap. Past ``recover_s`` without an answer the
+members are told ``room_gap`` and the room goes on. So a member never sees a
+room's positions jump without being told, and the highest it saw is where a
+recovery starts.
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from core.room_history import RoomLog, catch_up, entry_pos_ts
+from gateway import frames
 from gateway.hub import Client, ConnectionIndex, Hub
 from gateway.metrics import NodeMetrics
 from gateway.rooms.coalesce import DeliveryCap, room_frames, sample
@@ -54,6 +64,12 @@ class RoomLimits:
     reorder_s: float = 0.05  # a gap in a room's positions is waited for this long
     write_at_once: int = 1000  # rooms up to this many local members are written at once
     write_chunk: int = 100  # members of a bigger room written per loop turn
+    recover_s: float = 2.0  # a room waits this long for its history after a gap
+    history_ttl_s: float = 300.0  # kept messages older than this are gone (IM_ROOM_HISTORY_TTL_S)
+
+
+# A room whose order may have a hole: (room, epoch, last position delivered before it).
+Gap = tuple[str, str, int]
 
 
 class _Window:
@@ -86,6 +102,9 @@ class RoomHub:
         self._caps: dict[str, DeliveryCap] = {}
         self._last_flush: dict[str, float] = {}  # room -> loop time of its last flush
         self._rings: dict[str, RoomRing] = {}  # big rooms with frames still being written
+        # room -> (deadline, answered): its history is being read after a gap
+        self._recovering: dict[str, tuple[float, bool]] = {}
+        self._on_gap: list[Callable[[str, str, int], None]] = []
         self._writing = False  # ``_write_some`` is scheduled
         self._rng = rng or random.Random()
         m = metrics
@@ -99,6 +118,7 @@ class RoomHub:
         self._m_skipped = m.room_skipped
         self._m_flush = m.room_flush_seconds
         self._m_held = m.room_held
+        self._m_recovery = m.room_recoveries
         self._m_window = m.room_stage.labels("window")
         self._m_write = m.room_stage.labels("write")
 
@@ -177,10 +197,85 @@ class RoomHub:
         self._last_flush.pop(room, None)
         self._next.pop(room, None)
         self._rings.pop(room, None)
+        self._recovering.pop(room, None)
 
     def _gauges(self) -> None:
         self.metrics.rooms.set(len(self.members))
         self.metrics.room_members.set(self.memberships)
+
+    # -- gaps ----------------------------------------------------------------
+    def when_gap(self, hook: Callable[[str, str, int], None]) -> None:
+        """Call ``hook(room, epoch, after)`` when ``room`` may have missed the
+        messages after position ``after``; the answer comes to ``recovered``."""
+        self._on_gap.append(hook)
+
+    def suspect_all(self) -> list[Gap]:
+        """This node may have missed room messages (its broker link was lost):
+        every local room with a known position is checked against its history."""
+        gaps = [(room, epoch, nxt - 1) for room, (epoch, nxt) in self._next.items()
+                if epoch is not None and room in self.members]
+        for room, epoch, after in gaps:
+            self._recover(room, epoch, after)
+        return gaps
+
+    def _recover(self, room: str, epoch: str, after: int) -> None:
+        if room in self._recovering and not self._recovering[room][1]:
+            return  # a read is under way
+        self._recovering[room] = (time.monotonic() + self.limits.recover_s, False)
+        for hook in self._on_gap:
+            hook(room, epoch, after)
+
+    def recovered(self, room: str, epoch: str, after: int, log: RoomLog | None,
+                  now_ms: int) -> None:
+        """The room's history as read for a gap after ``after`` (None: it could not
+        be read). What is missing goes to the members in position order; what is
+        no longer kept, a ``room_gap`` first."""
+        if room not in self._recovering or room not in self.members:
+            return
+        if log is None:  # unreadable: tell now, and the room goes on past the hole
+            del self._recovering[room]
+            self._tell_gap(room, epoch, after, "failed")
+            win = self._pending.get(room)
+            if win is not None and win.poss:
+                self._next[room] = (epoch, min(win.poss))
+            return
+        self._recovering[room] = (self._recovering[room][0], True)
+        got = catch_up(log, now_ms=now_ms, max_age_ms=int(self.limits.history_ttl_s * 1000),
+                       history=0, since=(epoch, after))
+        kept = [(entry_pos_ts(m)[0], m) for m in got.msgs]
+        nxt = self._next.get(room, (epoch, after + 1))
+        if got.recovered:
+            self._m_recovery.labels("recovered").inc()
+        elif log.epoch is not None:
+            self._tell_gap(room, epoch, after, "gap")
+            nxt = self._next[room] = (log.epoch, kept[0][0] if kept else log.last + 1)
+        win = self._pending.get(room)
+        waiting = set(win.poss) if win is not None else set()
+        for pos, msg in kept:
+            if pos >= nxt[1] and pos not in waiting:
+                self.deliver_room(room, msg, 0, pos, log.epoch)
+
+    def _tell_gap(self, room: str, epoch: str, after: int, outcome: str) -> None:
+        self._m_recovery.labels(outcome).inc()
+        members = self.members.get(room)
+        if members:
+            self.hub.writer.write_each(members.values(),
+                                       (ws_text_frame(frames.room_gap(room, epoch, after)),),
+                                       self.limits.buffer_max, skipped=self._m_skipped)
+
+    def _still_waiting(self, room: str, epoch: str, after: int) -> bool:
+        """A gap outlived the reorder wait: whether to keep holding for the
+        history (asked for now if not yet), or give up (``room_gap``)."""
+        state = self._recovering.get(room)
+        if state is None:
+            self._recover(room, epoch, after)
+            return True
+        deadline, answered = state
+        if not answered and time.monotonic() < deadline:
+            return True
+        del self._recovering[room]
+        self._tell_gap(room, epoch, after, "gap" if answered else "timeout")
+        return False
 
     # -- traffic -------------------------------------------------------------
     def deliver_room(self, room: str, fragment: bytes, prio: int, pos: int = 0,
@@ -284,7 +379,7 @@ class RoomHub:
         order = sorted(range(len(win.poss)), key=win.poss.__getitem__)
         cut = len(order)
         expected = self._next.get(room)
-        if expected is not None and expected[0] in (epoch, None) and not win.held:
+        if expected is not None and expected[0] in (epoch, None):
             nxt = expected[1]
             for k, i in enumerate(order):
                 pos = win.poss[i]
@@ -292,6 +387,12 @@ class RoomHub:
                     cut = k
                     break
                 nxt = max(nxt, pos + 1)  # (a late one, below nxt, goes now)
+        if cut == len(order):
+            if self._recovering.get(room, (0.0, False))[1]:
+                del self._recovering[room]  # answered, and nothing is missing any more
+        elif win.held and not (expected is not None and expected[0] == epoch
+                               and self._still_waiting(room, epoch, expected[1] - 1)):
+            cut = len(order)  # given up: the members were told room_gap
         if cut < len(order):
             self._m_held.inc()
             rest = self._pending[room] = _Window(win.since)

@@ -103,6 +103,9 @@ class LiveRooms:
         self._logs: Batcher[tuple[str, bool], RoomLog] = Batcher(
             history.read, name="redis", max_batch=rules.batch_max,
             max_pending=rules.pending_max)
+        self._recoveries: set[asyncio.Task[None]] = set()
+        if self.keeps_history:
+            rooms.when_gap(self._recover)
 
     # -- ops -----------------------------------------------------------------
     async def join(self, client: Client, room: str, history: int = 0,
@@ -153,6 +156,30 @@ class LiveRooms:
         except Unavailable:
             self._left(client, room)  # refused: not counted, so not a member either
             raise
+
+    # -- gaps ----------------------------------------------------------------
+    def resumed(self) -> None:
+        """The broker link is back: every local room is checked for messages
+        missed meanwhile (``RoomHub.suspect_all``)."""
+        if self.keeps_history:
+            gaps = self.rooms.suspect_all()
+            if gaps:
+                log.info("broker link back: checking %d rooms for missed messages", len(gaps))
+
+    def _recover(self, room: str, epoch: str, after: int) -> None:
+        """Read ``room``'s history for the messages after ``after`` (batched with
+        every other read in flight); the answer goes to the room map."""
+        task = asyncio.ensure_future(self._read_for_gap(room, epoch, after))
+        self._recoveries.add(task)
+        task.add_done_callback(self._recoveries.discard)
+
+    async def _read_for_gap(self, room: str, epoch: str, after: int) -> None:
+        try:
+            got: RoomLog | None = await self._logs.submit((room, True))
+        except Unavailable as exc:
+            log.warning("room %s: history unreadable after a gap: %s", room, exc)
+            got = None
+        self.rooms.recovered(room, epoch, after, got, int(time.time() * 1000))
 
     async def leave(self, client: Client, room: str) -> None:
         if self._left(client, room):
@@ -270,6 +297,9 @@ class LiveRooms:
     async def close(self) -> None:
         """Drain: this node's members leave every count at once."""
         await self._report.close()
+        for task in self._recoveries:
+            task.cancel()
+        await asyncio.gather(*self._recoveries, return_exceptions=True)
         await self._logs.close()
         with contextlib.suppress(Unavailable):
             await self.counts.forget_node(self.node, list(self.rooms.members))

@@ -1,5 +1,8 @@
 """gateway.rooms.hub: positioned room messages leave in position order; a missing
-position is waited for once, up to ``reorder_s`` (no server: fake sockets)."""
+position is waited for once, up to ``reorder_s``; then the room's history is
+asked for it (``when_gap`` / ``recovered``), and a member is told ``room_gap``
+before any jump it cannot be spared (no server: fake sockets, the history
+given by the test)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import asyncio
 
 import orjson
 
+from core.room_history import RoomLog
 from gateway.hub import Hub
 from gateway.metrics import NodeMetrics
 from gateway.rooms.hub import RoomHub, RoomLimits
@@ -14,26 +18,36 @@ from testkit.poll import until
 from tests.core.test_wire_and_hub import make_client, metric, parse, tr
 
 
-def rig(reorder_s: float = 0.02):
+def rig(reorder_s: float = 0.02, recover_s: float = 2.0):
     m = NodeMetrics()
     rooms = RoomHub(Hub(m, 1 << 20), m, RoomLimits(window_s=0.0, rate_cap=0,
-                                                    reorder_s=reorder_s))
+                                                    reorder_s=reorder_s, recover_s=recover_s))
     member = make_client("m")
     rooms.join(member, "r")
     return m, rooms, member
 
 
+def msg(p: int, ts: int = 1) -> bytes:
+    return orjson.dumps({"from": "a", "body": p, "ts": ts, "pos": p})
+
+
 def put(rooms: RoomHub, epoch: str, *poss: int) -> None:
     for p in poss:
-        rooms.deliver_room("r", orjson.dumps({"from": "a", "body": p, "ts": 1, "pos": p}), 0,
-                           p, epoch)
+        rooms.deliver_room("r", msg(p), 0, p, epoch)
 
 
-def received(member) -> list[tuple[str, int]]:
+def received(member, gaps: bool = False) -> list[tuple[str, int]]:
+    """(epoch, pos) of each message received; with ``gaps``, a ``room_gap`` as
+    ("gap:<epoch>", after) where it came."""
     out: list[tuple[str, int]] = []
     for wire in tr(member).out:
         for frame in parse(wire):
             obj = orjson.loads(frame.data)
+            if obj["op"] == "room_gap":
+                assert obj["room"] == "r"
+                if gaps:
+                    out.append((f"gap:{obj['epoch']}", obj["after"]))
+                continue
             out.extend((obj["epoch"], m["pos"]) for m in obj["msgs"])
     return out
 
@@ -57,13 +71,14 @@ async def test_a_missing_position_is_waited_for_once():
 
 
 async def test_a_position_that_never_comes_stops_nothing_for_long():
-    _, rooms, member = rig(reorder_s=0.02)
+    _, rooms, member = rig(reorder_s=0.02, recover_s=0.1)  # nobody answers for the history
     rooms.expect("r", "e1", 0)
     put(rooms, "e1", 1, 3, 4)
     await asyncio.sleep(0)
     assert received(member) == [("e1", 1)]  # up to the gap at once
     assert await until(lambda: len(received(member)) == 3, timeout=5, every=0.005)
-    assert received(member) == [("e1", 1), ("e1", 3), ("e1", 4)]
+    # told before the jump: what follows position 1 may be missing
+    assert received(member, gaps=True) == [("e1", 1), ("gap:e1", 1), ("e1", 3), ("e1", 4)]
     put(rooms, "e1", 2, 5)  # 2 turns up after all: out at once, with what follows
     assert await until(lambda: len(received(member)) == 5, timeout=5, every=0.005)
     assert received(member)[3:] == [("e1", 2), ("e1", 5)]
@@ -85,3 +100,78 @@ async def test_unpositioned_messages_go_as_they_came():
     [wire] = tr(member).out
     obj = orjson.loads(parse(wire)[0].data)
     assert "epoch" not in obj and [x["body"] for x in obj["msgs"]] == [2, 1]
+
+
+# -- gaps: the history is asked, the members told ---------------------------------------------
+
+
+def asking(rooms: RoomHub) -> list[tuple[str, str, int]]:
+    asked: list[tuple[str, str, int]] = []
+    rooms.when_gap(lambda room, epoch, after: asked.append((room, epoch, after)))
+    return asked
+
+
+async def test_a_gap_past_the_wait_is_filled_from_the_history_in_order():
+    m, rooms, member = rig(reorder_s=0.02)
+    asked = asking(rooms)
+    rooms.expect("r", "e1", 0)
+    put(rooms, "e1", 1, 4, 5)  # 2 and 3 were missed here (a broker outage)
+    assert await until(lambda: asked, timeout=5, every=0.005)
+    assert asked == [("r", "e1", 1)] and received(member) == [("e1", 1)]
+    await asyncio.sleep(0.1)  # several reorder waits: still held, no jump
+    assert received(member) == [("e1", 1)]
+    rooms.recovered("r", "e1", 1, RoomLog("e1", 5, [msg(p) for p in range(1, 6)]), 1000)
+    assert await until(lambda: len(received(member)) == 5, timeout=5, every=0.005)
+    assert received(member, gaps=True) == [("e1", p) for p in range(1, 6)]  # once each
+    assert metric(m, 'im_room_recoveries_total{outcome="recovered"}') == 1
+
+
+async def test_what_is_no_longer_kept_is_told_as_room_gap_then_the_rest_goes():
+    m, rooms, member = rig(reorder_s=0.02)
+    asked = asking(rooms)
+    rooms.expect("r", "e1", 0)
+    put(rooms, "e1", 1, 9)
+    assert await until(lambda: asked, timeout=5, every=0.005)
+    rooms.recovered("r", "e1", 1, RoomLog("e1", 9, [msg(p) for p in range(6, 10)]), 1000)
+    assert await until(lambda: len(received(member)) == 5, timeout=5, every=0.005)
+    assert received(member, gaps=True) == [("e1", 1), ("gap:e1", 1), ("e1", 6), ("e1", 7),
+                                           ("e1", 8), ("e1", 9)]
+    assert metric(m, 'im_room_recoveries_total{outcome="gap"}') == 1
+
+
+async def test_an_unreadable_history_is_told_at_once():
+    m, rooms, member = rig(reorder_s=0.02)
+    asked = asking(rooms)
+    rooms.expect("r", "e1", 0)
+    put(rooms, "e1", 1, 3)
+    assert await until(lambda: asked, timeout=5, every=0.005)
+    rooms.recovered("r", "e1", 1, None, 1000)
+    assert await until(lambda: len(received(member)) == 2, timeout=5, every=0.005)
+    assert received(member, gaps=True) == [("e1", 1), ("gap:e1", 1), ("e1", 3)]
+    assert metric(m, 'im_room_recoveries_total{outcome="failed"}') == 1
+
+
+async def test_after_a_broker_outage_a_missed_tail_comes_from_the_history():
+    _, rooms, member = rig()
+    asked = asking(rooms)
+    rooms.expect("r", "e1", 0)
+    put(rooms, "e1", 1, 2)
+    assert await until(lambda: len(received(member)) == 2, timeout=5, every=0.005)
+    # The link was lost while 3 and 4 were published; nothing later reveals it.
+    assert rooms.suspect_all() == [("r", "e1", 2)] and asked == [("r", "e1", 2)]
+    rooms.recovered("r", "e1", 2, RoomLog("e1", 4, [msg(p) for p in range(1, 5)]), 1000)
+    assert await until(lambda: len(received(member)) == 4, timeout=5, every=0.005)
+    assert received(member, gaps=True) == [("e1", p) for p in range(1, 5)]
+
+
+async def test_nothing_missed_means_nothing_sent_twice():
+    _, rooms, member = rig()
+    asking(rooms)
+    rooms.expect("r", "e1", 0)
+    put(rooms, "e1", 1, 2)
+    assert await until(lambda: len(received(member)) == 2, timeout=5, every=0.005)
+    rooms.suspect_all()
+    rooms.recovered("r", "e1", 2, RoomLog("e1", 2, [msg(1), msg(2)]), 1000)
+    put(rooms, "e1", 3)
+    assert await until(lambda: len(received(member)) == 3, timeout=5, every=0.005)
+    assert received(member, gaps=True) == [("e1", 1), ("e1", 2), ("e1", 3)]
