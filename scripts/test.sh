@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The tests, in passes (run after scripts/setup.sh; what CI runs):
-#   single   the whole pytest suite against the single Redis (IM_REDIS_URL,
-#            default the local 6379).
+#   single   the pytest suite against the single Redis (IM_REDIS_URL, default
+#            the local 6379), but for tests/integration/gateway ...
+#   gateway  ... which runs as a pass of its own at the same time (the two
+#            together are the whole suite: one pass alone took 10 minutes).
 #   cluster  only the tests marked `redis_topology` (tests/conftest.py marks
 #            every test that reaches the run's Redis, directly or through a
 #            node; tests of pure code, of the deploy files, or with a Redis of
@@ -21,26 +23,31 @@
 # the exit status is 1 if any pass failed (pytest's 5, "no tests collected",
 # included). Extra arguments go to both pytest passes.
 #   bash scripts/test.sh                  # every pass (what CI runs)
-#   PASSES=single bash scripts/test.sh    # some passes: single | cluster | js
+#   PASSES="single gateway" bash scripts/test.sh   # some passes: single | gateway | cluster | js
 #   PASSES="cluster js" PARALLEL=0 bash scripts/test.sh -x
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PASSES="${PASSES:-single cluster js}"
+PASSES="${PASSES:-single gateway cluster js}"
 PARALLEL="${PARALLEL:-1}"
 
 for pass in $PASSES; do
     case "$pass" in
-    single | cluster | js) ;;
+    single | gateway | cluster | js) ;;
     *)
-        echo "test.sh: unknown pass '$pass' (single | cluster | js)" >&2
+        echo "test.sh: unknown pass '$pass' (single | gateway | cluster | js)" >&2
         exit 2
         ;;
     esac
 done
 
+# --durations: the slowest tests of each pass, so the next one to make faster is named.
 run_single() {
-    .venv/bin/python -m pytest -q "$@"
+    .venv/bin/python -m pytest -q --durations=10 --ignore=tests/integration/gateway "$@"
+}
+
+run_gateway() {
+    .venv/bin/python -m pytest -q --durations=10 tests/integration/gateway "$@"
 }
 
 run_cluster() (  # a subshell: its own EXIT trap stops the cluster
@@ -65,7 +72,8 @@ run_cluster() (  # a subshell: its own EXIT trap stops the cluster
         done
     done
     echo "redis cluster: $seeds"
-    IM_REDIS_CLUSTER=1 IM_REDIS_URL="$seeds" .venv/bin/python -m pytest -q -m redis_topology "$@"
+    IM_REDIS_CLUSTER=1 IM_REDIS_URL="$seeds" .venv/bin/python -m pytest -q --durations=10 \
+        -m redis_topology "$@"
 )
 
 run_js() {
@@ -74,7 +82,8 @@ run_js() {
 
 title() {
     case "$1" in
-    single) echo "== pytest: single Redis" ;;
+    single) echo "== pytest: single Redis, all but tests/integration/gateway" ;;
+    gateway) echo "== pytest: single Redis, tests/integration/gateway" ;;
     cluster) echo "== pytest: Redis Cluster (3 masters), the tests marked redis_topology" ;;
     js) echo "== clients/js: npm test" ;;
     esac
