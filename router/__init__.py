@@ -1,4 +1,8 @@
-"""Routing between gateway nodes: 1:1 pushes now; groups, rooms and feeds later.
+"""Where a message goes between gateway nodes: 1:1 pushes to the nodes holding
+the receiver's devices, and group, room and presence traffic to every node
+bound to its routing key; delivery to this node's own devices the same way
+for all of them (``router.router``). Also the controls between nodes, room
+positions, the envelope format and the brokers.
 
 ``make_broker`` picks the implementation by name, so the gateway never
 imports aio-pika.

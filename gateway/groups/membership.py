@@ -29,6 +29,8 @@ log = logging.getLogger("gateway.groups.membership")
 
 
 class GroupMembership:
+    """This node's group map as devices come and go and memberships change."""
+
     def __init__(self, ghub: GroupHub, bindings: Bindings, cache: GroupCache, *,
                  max_batch: int, max_pending: int) -> None:
         self.ghub = ghub
