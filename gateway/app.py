@@ -210,7 +210,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
 
     watch = PresenceWatch(name, stores.presence, announce, lambda u: len(hub.users.get(u, ())),
                           s.presence_grace_s)
-    registry = Registry(name, hub, stores.routes, presence, live, watch, watchers, **batch,
+    registry = Registry(name, hub, stores.routes, presence, live, watch, watchers, replay,
+                        **batch,
                         grace_s=s.register_grace_s, closed=metrics.closed.labels("registration"))
     query = PresenceQuery(stores.routes, router.is_alive)
     verifier = TokenVerifier.from_settings(s)

@@ -23,7 +23,7 @@ from core.ids import mid_for_time_ms
 from gateway.chat.service import SendResult
 from gateway.events import Events
 from gateway.groups.service import GroupSendResult
-from gateway.hub import Hub
+from gateway.hub import Client, Hub
 from gateway.metrics import NodeMetrics
 from store.ports import OfflineStore
 
@@ -72,8 +72,10 @@ def push_group_sent(pusher: Pusher, events: Events | None, sender: str, group: s
 
 
 class Replay:
-    """After a broker outage: pushes may have been lost meanwhile, so local users
-    get their offline entries since then again (clients drop repeats by mid)."""
+    """Pushes that may have been lost, again from the offline store (clients drop
+    repeats by mid): after a broker outage, to every local user; after a device's
+    registration completed late (Redis was down when it connected), to that
+    device."""
 
     def __init__(self, hub: Hub, offline: OfflineStore, metrics: NodeMetrics) -> None:
         self.hub = hub
@@ -87,6 +89,23 @@ class Replay:
         task = asyncio.create_task(self._replay(list(self.hub.users), since))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def registered_late(self, client: Client, connected_at: float) -> None:
+        """``client`` gets pushes from now on; what came for it between its
+        connect and now (1:1 and write-diffused group messages) comes again."""
+        since = mid_for_time_ms(int((connected_at - 2.0) * 1000))
+        task = asyncio.create_task(self._replay_one(client, since))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _replay_one(self, client: Client, since: int) -> None:
+        try:
+            [rows] = await self.offline.recent([client.user], since, 200)
+        except Unavailable as exc:
+            log.warning("replay to a late-registered device failed: %s", exc)
+            return
+        for frame in rows:
+            self.hub.write_each((client,), frame)
 
     async def _replay(self, users: list[str], since: int) -> None:
         for i in range(0, len(users), 500):

@@ -6,8 +6,11 @@ A device is served once its route is written and its groups are loaded
 to it after its ``connect`` finds it. When either could not be done (Redis
 down, or one master of a Redis Cluster), the device is not left connected
 and deaf: the registry tries again every ``retry_s`` until both are done,
-and closes the connection with 1012 ("service restart": reconnect) if that
-takes longer than ``grace_s``. Every route is also rewritten after a
+then replays to it what came for it meanwhile (``Replay.registered_late``:
+its offline entries since it connected, so a push sent in the moment
+between Redis coming back and the retry is not missed), and closes the
+connection with 1012 ("service restart": reconnect) if that takes longer
+than ``grace_s``. Every route is also rewritten after a
 heartbeat that finds Redis lost its data.
 """
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from core.batcher import Batcher
 from core.errors import Unavailable
+from gateway.delivery import Replay
 from gateway.groups.membership import GroupMembership
 from gateway.hub import Client, Hub
 from gateway.presence.subs import PresenceSubs
@@ -42,6 +46,7 @@ class _Unfinished:
 
     client: Client
     since: float  # monotonic time it connected
+    at: float  # unix time it connected
     route: bool  # its route is still to be written
     groups: bool  # its groups are still to be loaded
 
@@ -50,8 +55,8 @@ class Registry:
     """Connects and disconnects of this node's devices."""
 
     def __init__(self, node: str, hub: Hub, routes: RouteStore, groups: GroupMembership,
-                 live: LiveRooms, presence: PresenceWatch, watchers: PresenceSubs, *,
-                 max_batch: int, max_pending: int, retry_s: float = 1.0,
+                 live: LiveRooms, presence: PresenceWatch, watchers: PresenceSubs,
+                 replay: Replay, *, max_batch: int, max_pending: int, retry_s: float = 0.25,
                  grace_s: float = 30.0, closed: Count | None = None) -> None:
         self.node = node
         self.hub = hub
@@ -60,6 +65,7 @@ class Registry:
         self.live = live
         self.presence = presence
         self.watchers = watchers
+        self.replay = replay
         self._ops: Batcher[RouteOp, None] = Batcher(
             self._flush, name="redis", max_batch=max_batch, max_pending=max_pending)
         self.retry_s = retry_s
@@ -81,8 +87,8 @@ class Registry:
         self.presence.connected(client.user)
         grouped = await self.groups.connected(client)
         if not (routed and grouped):
-            self._unfinished[client.id] = _Unfinished(client, time.monotonic(), not routed,
-                                                      not grouped)
+            self._unfinished[client.id] = _Unfinished(client, time.monotonic(), time.time(),
+                                                      not routed, not grouped)
             if self._repairer is None or self._repairer.done():
                 self._repairer = asyncio.create_task(self._repair_loop())
 
@@ -112,6 +118,7 @@ class Registry:
                 if not (u.route or u.groups):
                     del self._unfinished[conn_id]
                     log.info("registration of a device of %s completed", u.client.user)
+                    self.replay.registered_late(u.client, u.at)
                 elif time.monotonic() - u.since > self.grace_s:
                     del self._unfinished[conn_id]
                     self._close(u.client)
