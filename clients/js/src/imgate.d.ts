@@ -69,6 +69,10 @@ export interface ImClientOptions {
   dedupMax?: number;
   /** Positions remembered per room for dedup (default 1000). */
   roomDedupMax?: number;
+  /** Recover a jump in a room's `pos` with a rejoin `since` (default true; false: a "room_gap" event at once). */
+  roomRecoverJumps?: boolean;
+  /** At most one automatic jump recovery per room this often (default 2000). */
+  roomRecoverIntervalMs?: number;
 }
 
 /** A 1:1 message (`op` "msg"); a recalled one carries `recalled: true` and `conv`, no body. */
@@ -208,6 +212,20 @@ export interface RoomEvent {
   msgs: RoomMessage[];
 }
 
+/** Positions of a room that will never be emitted, told before the messages after them. */
+export interface RoomGapEvent {
+  room: string;
+  /** The epoch of `after` (the one left when the room changed epoch). */
+  epoch: string | null;
+  /** The last position emitted before the hole. */
+  after: number;
+  /** The positions gone, inclusive [first, last] ranges; empty when unknown (another epoch). */
+  missing: Array<[number, number]>;
+  /** The positions the rejoin brought back (emitted as "room" right after). */
+  recovered: number[];
+  reason: "not_kept" | "epoch" | "off" | "rate_limited" | "failed";
+}
+
 export interface RoomRecoveredEvent {
   room: string;
   /** True: nothing was missed while disconnected. False: some messages are gone (show a divider). */
@@ -244,6 +262,7 @@ export interface ImClientEvents {
   feed: FeedFrame;
   room: RoomEvent;
   room_recovered: RoomRecoveredEvent;
+  room_gap: RoomGapEvent;
   room_left: LeftFrame;
   error: ImError;
   closed: ClosedEvent;
@@ -301,11 +320,13 @@ export class ImClient {
   presenceUnsub(users: string[]): Promise<OkFrame>;
   recall(mid: number): Promise<OkFrame>;
 
-  join(room: string, options?: { history?: number }): Promise<JoinedFrame>;
+  join(room: string, options?: { history?: number; recoverJumps?: boolean }): Promise<JoinedFrame>;
   leave(room: string): Promise<LeftFrame>;
   roomSend(room: string, body: Json, options?: { prio?: 0 | 1 }): Promise<OkFrame>;
   /** What a rejoin would send as `since`; null before the room's first message. */
   roomPosition(room: string): { epoch: string; pos: number } | null;
+  /** Automatic jump recovery on or off for a joined room (room_gap frames are always acted on). */
+  setRoomRecoverJumps(room: string, on: boolean): void;
 
   http<T = any>(method: string, path: string, body?: unknown): Promise<T>;
   sync(): Promise<void>;

@@ -31,6 +31,8 @@ const DEFAULTS = {
   maxInflightSends: 32,
   dedupMax: 5000,
   roomDedupMax: 1000,
+  roomRecoverJumps: true,
+  roomRecoverIntervalMs: 2000,
 };
 
 function trimSlash(u) {
@@ -78,7 +80,7 @@ export class ImClient extends Emitter {
     this._cmidSeq = 0;
     this._inbox = new Inbox(this, o);
     this._watched = new Set();
-    this._rooms = new Rooms(this, o.roomDedupMax);
+    this._rooms = new Rooms(this, o.roomDedupMax, { recoverJumps: o.roomRecoverJumps !== false, recoverIntervalMs: o.roomRecoverIntervalMs });
     this._lastRecv = 0;
     this._timers = {};
   }
@@ -429,6 +431,7 @@ export class ImClient extends Emitter {
         this._inbox.incoming(f, true);
         break;
       case "room_msgs":
+      case "room_gap":
         this._rooms.onRoomMsgs(f);
         break;
       case "reconnect":
@@ -564,6 +567,11 @@ export class ImClient extends Emitter {
   /** `{epoch, pos}` the client holds for a room (what a rejoin sends as `since`), or null. */
   roomPosition(room) {
     return this._rooms.position(room);
+  }
+
+  /** Automatic recovery of jumps in `pos` on or off for a joined room (`room_gap` frames are always acted on). */
+  setRoomRecoverJumps(room, on) {
+    this._rooms.setRecoverJumps(room, on);
   }
 
   roomSend(room, body, opts = {}) {

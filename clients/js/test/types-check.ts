@@ -1,6 +1,6 @@
 // Compiled, never run (npm run typecheck): the declarations as the demo uses them.
 import { ImClient, ImError } from "../src/imgate.js";
-import type { AckFrame, ChatMessage, JoinedFrame, RoomRecoveredEvent } from "../src/imgate.js";
+import type { AckFrame, ChatMessage, JoinedFrame, RoomGapEvent, RoomRecoveredEvent } from "../src/imgate.js";
 
 async function demo(): Promise<void> {
   const c = new ImClient({
@@ -22,6 +22,7 @@ async function demo(): Promise<void> {
   c.on("cursor", (mid) => localStorage_set("lastMid", String(mid + 0)));
   c.on("room", (e) => e.msgs.forEach((m) => console.log(e.room, m.pos, m.body)));
   c.on("room_recovered", (e: RoomRecoveredEvent) => console.log(e.recovered, e.msgs.length));
+  c.on("room_gap", (g: RoomGapEvent) => g.missing.forEach(([a, b]) => console.log(g.room, g.after, a, b, g.reason)));
   c.on("closed", ({ code, reason }) => console.log(code, reason));
   c.on("error", (err) => console.log(err.code, err.message));
   c.on("presence", (p) => Object.entries(p.users).forEach(([u, s]) => console.log(u, s.online, s.last_seen)));

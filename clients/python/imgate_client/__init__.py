@@ -22,6 +22,7 @@ from imgate_client.events import (
     EventQueue,
     Message,
     Push,
+    RoomGap,
     RoomMessages,
     RoomRejoined,
     Stopped,
@@ -34,6 +35,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Ack", "Client", "ClientStopped", "Connected", "Connection", "ConnectionLost",
     "Disconnected", "Event", "EventQueue", "HttpClient", "HttpError", "Joined", "Message",
-    "Push", "RoomMessages", "RoomRejoined", "SendTimeout", "ServerError", "Stopped",
+    "Push", "RoomGap", "RoomMessages", "RoomRejoined", "SendTimeout", "ServerError", "Stopped",
     "SyncFailed", "with_token",
 ]

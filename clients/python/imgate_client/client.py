@@ -36,6 +36,7 @@ from imgate_client.core import (
     Outbox,
     Outcome,
     ReconnectPolicy,
+    RoomGap,
     Rooms,
     token_expiry,
     token_user,
@@ -83,7 +84,8 @@ class Client(Ops, Syncing):
                  drain_grace: float = 5.0, policy: ReconnectPolicy | None = None,
                  rng: random.Random | None = None, http_timeout: float = 10.0,
                  connect_kw: dict[str, Any] | None = None,
-                 next_url: Callable[[int], int] | None = None) -> None:
+                 next_url: Callable[[int], int] | None = None,
+                 room_recover_jumps: bool = True, room_recover_interval: float = 2.0) -> None:
         if not urls:
             raise ValueError("at least one ws:// URL")
         if token is None and get_token is None:
@@ -100,7 +102,10 @@ class Client(Ops, Syncing):
         self.outbox = Outbox(ack_timeout=ack_timeout, rng=self.rng)
         self.inbox = Inbox(since, window=dedup_window)
         self.acks = AckBatcher(ack_batch, ack_delay)
-        self.rooms = Rooms()
+        # Gaps in a room's positions: recovered with a join since the last contiguous
+        # one (a jump automatically, unless off; at most one per room_recover_interval s).
+        self.rooms = Rooms(recover_jumps=room_recover_jumps,
+                           recover_interval=room_recover_interval)
         self.presence: set[str] = set()  # users watched (resubscribed after a reconnect)
         self.stopped: Stopped | None = None
         self.connects = 0  # connections opened
@@ -333,10 +338,63 @@ class Client(Ops, Syncing):
             self.rooms.forget(room)
             self._emit(Push("error", r))
             return
-        j = self.rooms.on_joined(room, r, "since" in fields)
+        j = self.rooms.on_joined(room, r, "since" in fields, self._now())
         self._emit(RoomRejoined(room, bool(j.recovered), r))  # first: a "missed" divider
-        if j.msgs:
-            self._emit(RoomMessages(room, r.get("epoch"), j.msgs, "rejoin"))
+        self._room_items(room, j.items, j.recover, "rejoin")
+
+    # -- room gaps ---------------------------------------------------------------------
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _room_items(self, room: str, items: Sequence[Frame | RoomGap],
+                    recover: dict[str, Any] | None, via: str) -> None:
+        """Messages (as RoomMessages, consecutive ones together) and gaps, in order; then
+        the recovery the core asks for, if any."""
+        st = self.rooms.get(room)
+        epoch = st.epoch if st is not None else None
+        batch: list[Frame] = []
+        for item in items:
+            if isinstance(item, RoomGap):
+                if batch:
+                    self._emit(RoomMessages(room, epoch, batch, via))
+                    batch = []
+                self._emit(item)
+            else:
+                batch.append(item)
+        if batch:
+            self._emit(RoomMessages(room, epoch, batch, via))
+        if recover is not None:
+            self._start_recovery(room, recover)
+
+    def _start_recovery(self, room: str, fields: dict[str, Any]) -> None:
+        self._spawn(self._recover(room, fields))
+
+    async def _recover(self, room: str, fields: dict[str, Any]) -> None:
+        """A recovery join (one in flight per room: the core holds the room's pushes
+        until its reply is in)."""
+        st = self.rooms.get(room)
+        conn = self._writable()
+        if st is None:
+            return
+        if conn is None:  # between connections: the next one's rejoin recovers
+            st.on_recovery_lost()
+            return
+        try:
+            r = await conn.request("join", self.request_timeout, **fields)
+        except Disconnected:
+            st.on_recovery_lost()
+            return
+        except TimeoutError:
+            r = {"op": "error", "code": "timeout", "message": "recovery join timed out"}
+        if self.rooms.get(room) is not st:
+            return  # left meanwhile
+        if r.get("op") != "joined":
+            out = st.on_recovery_failed(self._now())
+            self._emit(Push("error", r))
+            self._room_items(room, out.items, out.recover, "live")
+            return
+        j = st.on_joined(r, "since" in fields, self._now())
+        self._room_items(room, j.items, j.recover, "recovery")
 
     def _lost(self, conn: Connection) -> None:
         if self._conn is conn:
@@ -395,10 +453,10 @@ class Client(Ops, Syncing):
                 self._deliver(out, "push")
             if self.inbox.wants_sync and self.http_urls and not self._sync_lock.locked():
                 self._spawn(self._background_sync())
-        elif op == "room_msgs":
-            got = self.rooms.on_room_msgs(f)
-            if got is not None and got[1]:
-                self._emit(RoomMessages(got[0], f.get("epoch"), got[1], "live"))
+        elif op in ("room_msgs", "room_gap"):
+            got = self.rooms.on_push(f, self._now())
+            if got is not None:
+                self._room_items(got.room, got.items, got.recover, "live")
         elif op == "reconnect":
             if self._conn is not None:
                 self._on_moving(self._conn)

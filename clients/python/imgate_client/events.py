@@ -16,6 +16,9 @@ decides them. ``EventQueue`` turns that callback into an async iterator.
 - ``RoomRejoined``: a room joined again after a reconnect; ``recovered`` false:
   something was missed. The messages recovered follow as one ``RoomMessages``
   (``via`` "rejoin").
+- ``RoomGap``: positions of a room that will never be shown (no longer kept,
+  another epoch, recovery off or rate limited, or failed), told before the
+  messages that follow them (``imgate_client.core.rooms``).
 - ``Push``: any other push: ``read``, ``receipt``, ``typing``, ``presence``,
   ``recalled``, ``notice``, ``group_event``, ``feed``, ``left`` (kicked),
   ``error``.
@@ -31,8 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from imgate_client.core.frames import Frame
+from imgate_client.core.rooms import RoomGap
 
-__all__ = ["Connected", "ConnectionLost", "Event", "EventQueue", "Message", "Push",
+__all__ = ["Connected", "ConnectionLost", "Event", "EventQueue", "Message", "Push", "RoomGap",
            "RoomMessages", "RoomRejoined", "Stopped", "SyncFailed"]
 
 
@@ -105,7 +109,7 @@ class RoomMessages:
     room: str
     epoch: str | None
     msgs: list[Frame]  # {"from", "body", "ts", "pos"}, in position order
-    via: str  # "live" or "rejoin"
+    via: str  # "live", "rejoin" or "recovery" (a hole filled, and what waited for it)
 
 
 @dataclass(frozen=True)
@@ -126,8 +130,8 @@ class SyncFailed:
     error: str
 
 
-Event = (Connected | ConnectionLost | Stopped | Message | RoomMessages | RoomRejoined | Push
-         | SyncFailed)
+Event = (Connected | ConnectionLost | Stopped | Message | RoomMessages | RoomRejoined | RoomGap
+         | Push | SyncFailed)
 
 
 @dataclass(eq=False)

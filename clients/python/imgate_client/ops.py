@@ -27,6 +27,13 @@ class Ops:
         """The connection up, if frames may go out on it now."""
         raise NotImplementedError
 
+    def _now(self) -> float:
+        raise NotImplementedError
+
+    def _start_recovery(self, room: str, fields: dict[str, Any]) -> None:
+        """Send the recovery join ``fields`` of ``room`` (RoomOut.recover)."""
+        raise NotImplementedError
+
     async def read(self, conv: str, mid: int) -> None:
         """Read ``conv`` (a peer, or ``g:GROUP``) up to ``mid``."""
         await self.request("read", retry=True, conv=conv, mid=mid)
@@ -58,10 +65,14 @@ class Ops:
         self.presence.difference_update(users)
         await self.request("presence_unsub", retry=True, users=users)
 
-    async def join(self, room: str, *, history: int | None = None) -> Joined:
+    async def join(self, room: str, *, history: int | None = None,
+                   recover_jumps: bool | None = None) -> Joined:
         """Join ``room`` (``history``: its last N messages). A room joined before (and
-        not left) is joined with ``since``: ``Joined.msgs`` are only those not shown."""
-        fields = self.rooms.join_fields(room, history)
+        not left) is joined with ``since``: ``Joined.msgs`` are only those not shown
+        (``Joined.items``: with a ``RoomGap`` before them where some could not be).
+        ``recover_jumps``: this room's switch of automatic jump recovery (None: the
+        client's ``room_recover_jumps``)."""
+        fields = self.rooms.join_fields(room, history, recover_jumps)
         try:
             reply = await self.request("join", retry=True, **fields)
         except BaseException:
@@ -71,7 +82,17 @@ class Ops:
                 if not st.joined_before:
                     self.rooms.forget(room)
             raise
-        return self.rooms.on_joined(room, reply, "since" in fields)
+        j = self.rooms.on_joined(room, reply, "since" in fields, self._now())
+        if j.recover is not None:
+            self._start_recovery(room, j.recover)
+        return j
+
+    def recover_jumps(self, room: str, on: bool) -> None:
+        """Turn automatic recovery of jumps in ``pos`` on or off for a joined room (a
+        ``room_gap`` is always acted on; a jump not recovered is told as ``RoomGap``)."""
+        st = self.rooms.get(room)
+        if st is not None:
+            st.recover_jumps = on
 
     async def leave(self, room: str) -> None:
         self.rooms.forget(room)
