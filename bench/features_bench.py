@@ -78,7 +78,7 @@ from bench import group_support as gs
 from bench.cluster import NODES, Run, process_names
 from bench.features_report import PEER, UNWATCHED, WATCHED, render
 from bench.stats import latency_summary
-from gateway.chat.ops import TYPING_EVERY_S
+from gateway.inbox.ops import TYPING_EVERY_S
 from testkit.device import Device
 from testkit.http import HttpUsers
 from testkit.nodes import NodeProcess

@@ -25,8 +25,6 @@ from gateway import frames
 from gateway.auth import TokenVerifier
 from gateway.bindings import Bindings
 from gateway.chat.claims import Claims
-from gateway.chat.conversations import Conversations
-from gateway.chat.ops import MessageOps
 from gateway.chat.service import ChatLimits, ChatService
 from gateway.config import Settings
 from gateway.delivery import Replay
@@ -42,6 +40,8 @@ from gateway.http.api import HttpDeps, build_http
 from gateway.http.guard import HttpLimits
 from gateway.http.server import ServerDeps
 from gateway.hub import Hub
+from gateway.inbox.conversations import Conversations
+from gateway.inbox.ops import MessageOps
 from gateway.metrics import NodeMetrics
 from gateway.moderation import Moderation
 from gateway.presence.subs import PresenceSubs

@@ -1,2 +1,2 @@
-"""1:1 chat: sends (dedup claims, mids, stores), conversations and unread,
-and the message operations (read, recall, typing, presence watches)."""
+"""1:1 chat: a send from its dedup claim and mid to the stores (the claims and
+the id source are shared with group sends)."""

@@ -37,8 +37,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from core.errors import Unavailable
 from core.ids import MAX_MID
 from gateway.auth import Token, TokenVerifier
-from gateway.chat.conversations import Conversations
-from gateway.chat.ops import MessageOps
 from gateway.chat.service import ChatService
 from gateway.errors import HTTP_STATUS, ProtocolError
 from gateway.feed.service import FeedService
@@ -62,6 +60,8 @@ from gateway.http.models import (
     errors,
 )
 from gateway.http.server import ServerDeps, install_server_api
+from gateway.inbox.conversations import Conversations
+from gateway.inbox.ops import MessageOps
 from gateway.metrics import NodeMetrics
 from gateway.protocol import MAX_PRESENCE_USERS
 from gateway.rooms.service import LiveRooms

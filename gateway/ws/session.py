@@ -29,14 +29,14 @@ from core.errors import Unavailable
 from gateway import frames, wire
 from gateway import protocol as p
 from gateway.auth import Token, TokenVerifier, bearer_token
-from gateway.chat.conversations import Conversations
-from gateway.chat.ops import MessageOps
 from gateway.chat.service import ChatService
 from gateway.delivery import Pusher, push_group_sent, push_sent
 from gateway.errors import ProtocolError
 from gateway.events import Events
 from gateway.groups.service import GroupService
 from gateway.hub import Client
+from gateway.inbox.conversations import Conversations
+from gateway.inbox.ops import MessageOps
 from gateway.metrics import NodeMetrics
 from gateway.moderation import CLOSED_BY_SERVER, Moderation
 from gateway.rooms.service import LiveRooms

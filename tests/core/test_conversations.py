@@ -1,4 +1,4 @@
-"""Conversations (gateway/chat/conversations.py) over fakes: sync merges the user's
+"""Conversations (gateway/inbox/conversations.py) over fakes: sync merges the user's
 own store (1:1 and write-diffused groups) with its read-diffused groups in
 mid order; the conversation list sums both sides, newest first; read and
 history dispatch on ``g:``. No servers."""

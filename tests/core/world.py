@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 from core.ids import MidGenerator
 from gateway.chat.claims import Claims
-from gateway.chat.conversations import Conversations
 from gateway.chat.service import ChatLimits, ChatService
 from gateway.config import Settings
 from gateway.groups.admin import AdminLimits, GroupAdmin
 from gateway.groups.diffusion import GroupDiffusion
 from gateway.groups.service import GroupLimits, GroupService
+from gateway.inbox.conversations import Conversations
 from gateway.metrics import NodeMetrics
 from tests.core.fakes import FakeDedup, FakeMessages, FakeOffline, FakeRoutes
 from tests.core.fakes_groups import FakeControl, FakeGroupCache, FakeGroupStore

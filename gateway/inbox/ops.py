@@ -15,11 +15,11 @@ from typing import Protocol
 from core.ids import mid_time_ms
 from core.throttle import Throttle
 from gateway import frames
-from gateway.chat.conversations import GROUP_PREFIX, Conversations
 from gateway.chat.service import ChatService
 from gateway.errors import ProtocolError
 from gateway.groups.service import GroupService
 from gateway.hub import Client
+from gateway.inbox.conversations import GROUP_PREFIX, Conversations
 from gateway.presence.subs import PresenceSubs
 from gateway.presence.watch import PresenceQuery
 
