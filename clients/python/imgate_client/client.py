@@ -483,7 +483,12 @@ class Client(Ops, Syncing):
         if conn is None:
             return  # flushed after the next connect
         while (frame := self.acks.frame()) is not None:
-            await conn.send(frame)
+            try:
+                await conn.send(frame)
+            except Disconnected:
+                # The connection went: those mids stay in the offline store, come
+                # again with the sync on the next connect and are acked then.
+                return
 
     def _on_send_reply(self, f: Frame) -> None:
         got = self.outbox.on_reply(f, asyncio.get_running_loop().time())
