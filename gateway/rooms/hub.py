@@ -243,7 +243,9 @@ class RoomHub:
         got = catch_up(log, now_ms=now_ms, max_age_ms=int(self.limits.history_ttl_s * 1000),
                        history=0, since=(epoch, after))
         kept = [(entry_pos_ts(m)[0], m) for m in got.msgs]
-        nxt = self._next.get(room, (epoch, after + 1))
+        nxt = self._next.get(room) or (epoch, after + 1)
+        if nxt[0] != epoch:  # the gap opened a new epoch: its positions after ``after``
+            nxt = (epoch, after + 1)
         if got.recovered:
             self._m_recovery.labels("recovered").inc()
         elif log.epoch is not None:
@@ -379,6 +381,8 @@ class RoomHub:
         order = sorted(range(len(win.poss)), key=win.poss.__getitem__)
         cut = len(order)
         expected = self._next.get(room)
+        if expected is not None and expected[0] not in (epoch, None):
+            expected = (epoch, 1)  # a new epoch: its positions start again at 1
         if expected is not None and expected[0] in (epoch, None):
             nxt = expected[1]
             for k, i in enumerate(order):

@@ -175,3 +175,15 @@ async def test_nothing_missed_means_nothing_sent_twice():
     put(rooms, "e1", 3)
     assert await until(lambda: len(received(member)) == 3, timeout=5, every=0.005)
     assert received(member, gaps=True) == [("e1", 1), ("e1", 2), ("e1", 3)]
+
+
+async def test_a_new_epoch_that_does_not_start_at_1_is_a_gap_too():
+    _, rooms, member = rig(reorder_s=0.02)
+    asked = asking(rooms)
+    rooms.expect("r", "e1", 7)
+    put(rooms, "e2", 2, 3)  # Redis lost the room; e2's first message never came here
+    assert await until(lambda: asked, timeout=5, every=0.005)
+    assert asked == [("r", "e2", 0)] and received(member) == []
+    rooms.recovered("r", "e2", 0, RoomLog("e2", 3, [msg(1), msg(2), msg(3)]), 1000)
+    assert await until(lambda: len(received(member)) == 3, timeout=5, every=0.005)
+    assert received(member, gaps=True) == [("e2", 1), ("e2", 2), ("e2", 3)]
