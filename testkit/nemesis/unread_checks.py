@@ -1,0 +1,150 @@
+"""The unread check over a recorded ``History`` (pure: the reads to make and the
+counts to expect, then a ``/v1/conversations`` page compared with them).
+
+After the run each user reads every conversation up to a message picked at
+random; then ``/v1/conversations`` must give, per conversation:
+
+- 1:1: the peer's messages after the read mid, except those acked before a
+  Redis loss (docs/reference/chat.md, "Failure": unread counters and sets live
+  only in Redis and restart from zero; messages unread at the flush are no
+  longer counted). One acked while Redis was down (between its kill and
+  restart) is counted as ambiguous and allowed either way.
+- group: the group's seq (MongoDB's counter, the only source of seqs:
+  docs/reference/groups.md) minus the member's read seq (docs/protocol.md,
+  Groups); the read seq is the highest of the read mid's seq and the seqs of
+  its own messages acked after the last Redis loss (``r:G`` lives only in
+  Redis, docs/reference/groups.md "Redis keys"; join seq 0: every member was
+  in from the start).
+
+``total_unread`` must be the sum."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from testkit.nemesis.history import History, Send, User
+
+__all__ = ["UnreadPlan", "plan_unread", "redis_outages", "unread_mismatches",
+           "unread_report"]
+
+
+@dataclass
+class UnreadPlan:
+    """One user's reads (conversation -> the mid it reads up to) and the unread
+    count each conversation must then show, as a range (lo, hi)."""
+
+    user: User
+    reads: dict[str, int] = field(default_factory=dict)
+    expect: dict[str, tuple[int, int]] = field(default_factory=dict)
+    ambiguous: int = 0  # 1:1 messages acked while Redis was down
+
+
+def redis_outages(h: History) -> list[tuple[float, float]]:
+    """(kill, restart) of every Redis fault applied."""
+    return [(f.t_start, f.t_heal) for f in h.faults
+            if f.kind == "redis" and f.t_start is not None and f.t_heal is not None]
+
+
+def plan_unread(h: History, rng: random.Random, counters: dict[str, int]) -> list[UnreadPlan]:
+    """Each user's plan, in user order (``rng`` picks the read marks;
+    ``counters``: each group's seq counter in the store)."""
+    outages = redis_outages(h)
+    last_restart = max((heal for _, heal in outages), default=float("-inf"))
+    plans = []
+    for r in h.everyone:
+        plan = UnreadPlan(r)
+        _plan_dms(h, plan, rng, outages)
+        for g in r.groups:
+            _plan_group(h, plan, g, rng, counters, last_restart)
+        plans.append(plan)
+    return plans
+
+
+def _incoming_dms(h: History, r: User) -> dict[str, list[Send]]:
+    """The acked 1:1 messages to ``r``, per sender, in mid order."""
+    incoming: dict[str, list[Send]] = defaultdict(list)
+    for u in h.everyone:
+        for s in u.sends.values():
+            if s.mid is not None and s.kind == "dm" and s.to == r.name:
+                incoming[u.name].append(s)
+    for got in incoming.values():
+        got.sort(key=lambda s: s.mid or 0)
+    return incoming
+
+
+def _plan_dms(h: History, plan: UnreadPlan, rng: random.Random,
+              outages: list[tuple[float, float]]) -> None:
+    r = plan.user
+    for peer, got in _incoming_dms(h, r).items():
+        read_mid = got[rng.randrange(len(got))].mid if got else None
+        if read_mid is not None:
+            plan.reads[peer] = read_mid
+        lo = hi = 0
+        for s in got:
+            if read_mid is not None and (s.mid or 0) <= read_mid:
+                continue
+            assert s.t_ack is not None
+            if any(s.t_ack < kill for kill, _ in outages):
+                continue  # unread when Redis lost it: no longer counted
+            if any(kill <= s.t_ack <= heal for kill, heal in outages):
+                hi += 1  # acked while Redis was down: either way
+                plan.ambiguous += 1
+            else:
+                lo, hi = lo + 1, hi + 1
+        plan.expect[peer] = (lo, hi)
+    if r.peer and r.peer not in plan.expect:
+        plan.expect[r.peer] = (0, 0)  # its own sends: never unread
+
+
+def _plan_group(h: History, plan: UnreadPlan, g: str, rng: random.Random,
+                counters: dict[str, int], last_restart: float) -> None:
+    mine = plan.user.name + "-"
+    group_sends = [s for u in h.everyone for s in u.sends.values()
+                   if s.kind == "group" and s.to == g and s.mid is not None]
+    others = sorted((s for s in group_sends if not s.cmid.startswith(mine)),
+                    key=lambda s: s.mid or 0)
+    read_seq = 0
+    if others:
+        pick = others[rng.randrange(len(others))]
+        plan.reads[f"g:{g}"] = pick.mid or 0
+        read_seq = pick.seq or 0
+    own = [s.seq or 0 for s in group_sends if s.cmid.startswith(mine)
+           and s.t_ack is not None and s.t_ack > last_restart]
+    n = max(0, counters.get(g, 0) - max([read_seq, *own]))
+    plan.expect[f"g:{g}"] = (n, n)
+
+
+def unread_mismatches(plan: UnreadPlan, page: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where ``/v1/conversations`` (``page``) differs from the plan: a count out
+    of its range, an unexpected conversation with unread, a wrong total."""
+    name = plan.user.name
+    have = {c["conv"]: int(c.get("unread") or 0) for c in page["conversations"]}
+    wrong: list[dict[str, Any]] = []
+    total = 0
+    for conv, (lo, hi) in plan.expect.items():
+        got_n = have.get(conv, 0)
+        total += got_n
+        if not lo <= got_n <= hi:
+            wrong.append({"user": name, "conv": conv, "unread": got_n,
+                          "expected": lo if lo == hi else [lo, hi],
+                          "read_mid": plan.reads.get(conv)})
+    for conv, n in have.items():
+        if conv not in plan.expect and n:
+            wrong.append({"user": name, "conv": conv, "unread": n, "expected": 0})
+            total += n
+    if int(page.get("total_unread") or 0) != total:
+        wrong.append({"user": name, "total_unread": page.get("total_unread"),
+                      "sum_of_convs": total})
+    return wrong
+
+
+def unread_report(checked: list[tuple[UnreadPlan, dict[str, Any]]]) -> dict[str, Any]:
+    """The report keys, from each plan and the page read after its reads."""
+    wrong = [w for plan, page in checked for w in unread_mismatches(plan, page)]
+    return {"unread_wrong": len(wrong),
+            "unread_checked": sum(len(plan.expect) for plan, _ in checked),
+            "unread_ambiguous": sum(plan.ambiguous for plan, _ in checked),
+            "details_unread": wrong[:20]}
