@@ -36,7 +36,6 @@ from imgate_client.core import (
     Outbox,
     Outcome,
     ReconnectPolicy,
-    RoomGap,
     Rooms,
     token_expiry,
     token_user,
@@ -48,12 +47,11 @@ from imgate_client.events import (
     Event,
     Message,
     Push,
-    RoomMessages,
-    RoomRejoined,
     Stopped,
 )
 from imgate_client.http import HttpClient, HttpError
 from imgate_client.ops import Ops
+from imgate_client.rooming import Rooming
 from imgate_client.syncing import Syncing
 
 __all__ = ["Ack", "Client", "ClientStopped", "SendTimeout", "ServerError"]
@@ -71,7 +69,7 @@ def _resolver(fut: asyncio.Future[None]) -> Callable[[Any], None]:
     return resolve
 
 
-class Client(Ops, Syncing):
+class Client(Ops, Syncing, Rooming):
     """One user's connection to a cluster, kept up (see the module docstring)."""
 
     def __init__(self, urls: Sequence[str], *, http_urls: Sequence[str] = (),
@@ -324,77 +322,6 @@ class Client(Ops, Syncing):
             self._emit(Connected(url, reconnect, synced))
             if self._first is not None and not self._first.done():
                 self._first.set_result(None)
-
-    async def _rejoin(self, conn: Connection, room: str) -> None:
-        fields = self.rooms.join_fields(room)
-        try:
-            r = await conn.request("join", self.request_timeout, **fields)
-        except BaseException:
-            st = self.rooms.get(room)
-            if st is not None:
-                st.on_join_failed()
-            raise
-        if r.get("op") != "joined":
-            self.rooms.forget(room)
-            self._emit(Push("error", r))
-            return
-        j = self.rooms.on_joined(room, r, "since" in fields, self._now())
-        self._emit(RoomRejoined(room, bool(j.recovered), r))  # first: a "missed" divider
-        self._room_items(room, j.items, j.recover, "rejoin")
-
-    # -- room gaps ---------------------------------------------------------------------
-    def _now(self) -> float:
-        return asyncio.get_running_loop().time()
-
-    def _room_items(self, room: str, items: Sequence[Frame | RoomGap],
-                    recover: dict[str, Any] | None, via: str) -> None:
-        """Messages (as RoomMessages, consecutive ones together) and gaps, in order; then
-        the recovery the core asks for, if any."""
-        st = self.rooms.get(room)
-        epoch = st.epoch if st is not None else None
-        batch: list[Frame] = []
-        for item in items:
-            if isinstance(item, RoomGap):
-                if batch:
-                    self._emit(RoomMessages(room, epoch, batch, via))
-                    batch = []
-                self._emit(item)
-            else:
-                batch.append(item)
-        if batch:
-            self._emit(RoomMessages(room, epoch, batch, via))
-        if recover is not None:
-            self._start_recovery(room, recover)
-
-    def _start_recovery(self, room: str, fields: dict[str, Any]) -> None:
-        self._spawn(self._recover(room, fields))
-
-    async def _recover(self, room: str, fields: dict[str, Any]) -> None:
-        """A recovery join (one in flight per room: the core holds the room's pushes
-        until its reply is in)."""
-        st = self.rooms.get(room)
-        conn = self._writable()
-        if st is None:
-            return
-        if conn is None:  # between connections: the next one's rejoin recovers
-            st.on_recovery_lost()
-            return
-        try:
-            r = await conn.request("join", self.request_timeout, **fields)
-        except Disconnected:
-            st.on_recovery_lost()
-            return
-        except TimeoutError:
-            r = {"op": "error", "code": "timeout", "message": "recovery join timed out"}
-        if self.rooms.get(room) is not st:
-            return  # left meanwhile
-        if r.get("op") != "joined":
-            out = st.on_recovery_failed(self._now())
-            self._emit(Push("error", r))
-            self._room_items(room, out.items, out.recover, "live")
-            return
-        j = st.on_joined(r, "since" in fields, self._now())
-        self._room_items(room, j.items, j.recover, "recovery")
 
     def _lost(self, conn: Connection) -> None:
         if self._conn is conn:
