@@ -69,7 +69,7 @@ def _resolver(fut: asyncio.Future[None]) -> Callable[[Any], None]:
     return resolve
 
 
-class Client(Ops, Syncing, Rooming):
+class Client(Rooming, Ops, Syncing):
     """One user's connection to a cluster, kept up (see the module docstring)."""
 
     def __init__(self, urls: Sequence[str], *, http_urls: Sequence[str] = (),

@@ -3,7 +3,8 @@ room with ``since`` (``_rejoin``), and the recovery join when the core sees a
 jump in a room's positions or the node sends ``room_gap`` (one in flight per
 room; the core holds the room's pushes until its reply is in). Messages and
 gaps reach the application in position order (``_room_items``). A mixin on
-``Client``."""
+``Client``, first among its bases: its ``_now`` and ``_start_recovery`` are the
+ones ``Ops`` declares."""
 
 from __future__ import annotations
 

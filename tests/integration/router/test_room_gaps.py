@@ -37,11 +37,14 @@ async def _publish(dev, room: str, n: int, start: int) -> None:
         assert r["op"] == "ok", r
 
 
-async def test_members_behind_a_cut_broker_link_get_every_message_in_order(
-        make_node, connect, proxy):
+async def _rig(make_node, connect, proxy, **settings: Any) -> tuple[Any, ...]:
+    """A member on a node whose broker link runs through ``amqp`` (a proxy to
+    cut), a sender on another node, both in a new room: (amqp, the member's
+    node, room, the member's pushes, sender, the room's first position after
+    the member joined)."""
     amqp = await proxy(amqp_port())
-    cut_off = await make_node(amqp_url=amqp_through(amqp), room_rate_cap=0)
-    other = await make_node(room_rate_cap=0)
+    cut_off = await make_node(amqp_url=amqp_through(amqp), room_rate_cap=0, **settings)
+    other = await make_node(room_rate_cap=0, **settings)
     await settle(cut_off, other)
     room = uid("room")
     seen: list[dict[str, Any]] = []
@@ -49,6 +52,12 @@ async def test_members_behind_a_cut_broker_link_get_every_message_in_order(
     sender = await connect(other, uid("s"))
     joined = await _joined(member, room)
     await _joined(sender, room)
+    return amqp, cut_off, room, seen, sender, joined["pos"] + 1
+
+
+async def test_members_behind_a_cut_broker_link_get_every_message_in_order(
+        make_node, connect, proxy):
+    amqp, cut_off, room, seen, sender, first = await _rig(make_node, connect, proxy)
 
     await _publish(sender, room, 5, 0)  # before: live
     assert await until(lambda: len(room_stream(seen)) == 5, timeout=10)
@@ -58,7 +67,6 @@ async def test_members_behind_a_cut_broker_link_get_every_message_in_order(
     assert await until(lambda: cut_off.app.router.broker_connected(), timeout=20)
     await _publish(sender, room, 5, 15)  # after: live again
 
-    first = joined["pos"] + 1
     assert await until(lambda: len(room_stream(seen)) >= 20, timeout=20)
     stream = room_stream(seen)
     # Every message once, in position order: the ten missed came from the history.
@@ -68,39 +76,20 @@ async def test_members_behind_a_cut_broker_link_get_every_message_in_order(
 
 async def test_a_tail_missed_during_the_outage_comes_without_a_later_message(
         make_node, connect, proxy):
-    amqp = await proxy(amqp_port())
-    cut_off = await make_node(amqp_url=amqp_through(amqp), room_rate_cap=0)
-    other = await make_node(room_rate_cap=0)
-    await settle(cut_off, other)
-    room = uid("room")
-    seen: list[dict[str, Any]] = []
-    member = await connect(cut_off, uid("m"), on_push=seen.append)
-    sender = await connect(other, uid("s"))
-    joined = await _joined(member, room)
-    await _joined(sender, room)
+    amqp, cut_off, room, seen, sender, first = await _rig(make_node, connect, proxy)
     await _publish(sender, room, 2, 0)
     assert await until(lambda: len(room_stream(seen)) == 2, timeout=10)
     amqp.cut()
     await _publish(sender, room, 3, 2)  # the last messages of the room for now
     amqp.restore()
-    first = joined["pos"] + 1
     assert await until(lambda: len(room_stream(seen)) == 5, timeout=20)
     assert room_stream(seen) == [("msg", p) for p in range(first, first + 5)]
 
 
 async def test_missed_messages_no_longer_kept_are_told_as_room_gap(
         make_node, connect, proxy):
-    amqp = await proxy(amqp_port())
     # Three kept per room: most of what the member misses is gone by the time it asks.
-    cut_off = await make_node(amqp_url=amqp_through(amqp), room_rate_cap=0, room_history=3)
-    other = await make_node(room_rate_cap=0, room_history=3)
-    await settle(cut_off, other)
-    room = uid("room")
-    seen: list[dict[str, Any]] = []
-    member = await connect(cut_off, uid("m"), on_push=seen.append)
-    sender = await connect(other, uid("s"))
-    joined = await _joined(member, room)
-    await _joined(sender, room)
+    amqp, cut_off, room, seen, sender, first = await _rig(make_node, connect, proxy, room_history=3)
     await _publish(sender, room, 2, 0)
     assert await until(lambda: len(room_stream(seen)) == 2, timeout=10)
     amqp.cut()
@@ -108,7 +97,6 @@ async def test_missed_messages_no_longer_kept_are_told_as_room_gap(
     amqp.restore()
     assert await until(lambda: cut_off.app.router.broker_connected(), timeout=20)
     await _publish(sender, room, 1, 12)
-    first = joined["pos"] + 1
     last = first + 12
 
     def got_the_last() -> bool:
