@@ -29,6 +29,7 @@ from imgate_client import (
     Stopped,
 )
 
+from router.routing import group_key
 from store.keys import Keys
 from testkit.poll import until
 from tests.conftest import RUN_NS, SECRET, settle, token, uid
@@ -152,6 +153,10 @@ async def test_group_send_and_receipts(make_node, sdk):
     for x in (ca, cb, cc):
         await x.connect()
     g = (await ca.http("POST", "/v1/groups", json={"name": "sdk", "members": [b, c]}))["group"]
+    # The other node binds its queue to the group's key once the membership control
+    # reaches it (a moment after the create answered); until then its members would
+    # get the group's messages by sync only, which is not what this test is about.
+    assert await until(lambda: group_key(g) in n2.app.bindings.bound, timeout=10)
     acks = [await ca.group_send(g, {"n": i}) for i in range(3)]
     assert [x.seq for x in acks] == [1, 2, 3]
     for member in (cb, cc):
