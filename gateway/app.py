@@ -64,7 +64,7 @@ from router.controls import (
     Unban,
 )
 from router.positions import RoomPositions
-from router.routing import parse_key
+from router.routing import group_key, parse_key, presence_key, room_key
 from store import Stores
 from store.ports import GroupCache, RouteStore
 
@@ -110,6 +110,11 @@ class App:
         """The live nodes' heartbeats, after each of this node's beats."""
         self.router.set_live(live)
         self.presence.beat(live)
+
+    def keys_in_use(self) -> list[str]:
+        """Every broker routing key a local connection needs now."""
+        return [*map(room_key, self.room_hub.members), *map(group_key, self.group_hub.members),
+                *map(presence_key, self.watchers.watchers)]
 
     def key_in_use(self, key: str) -> bool:
         """Whether a broker routing key still has a local member."""
@@ -177,8 +182,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     metrics.watch_broker(router.broker_status)
     mids = MidGenerator(number)
     claims = Claims(stores.dedup, observe=metrics.stage_observer("dedup"), **batch)
-    chat = ChatService(claims, stores.messages, stores.offline, mids, ChatLimits.from_settings(s),
-                       metrics)
+    chat = ChatService(claims, stores.messages, stores.offline, stores.routes, mids,
+                       ChatLimits.from_settings(s), metrics)
     diffusion = GroupDiffusion(stores.group_cache, stores.messages, stores.offline)
     groups = GroupService(stores.groups, stores.group_cache, claims, mids, diffusion,
                           stores.offline, GroupLimits.from_settings(s), metrics)
@@ -240,10 +245,11 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                                admit=moderation.admit, server=server, ops=ops))
     if missing := controls.missing():
         raise RuntimeError(f"controls without a handler: {', '.join(missing)}")
-    return App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
-               conversations, live, feed, registry, replay, sessions, http, events, watch,
-               watchers,
-               stuck_close_s=s.stuck_close_s)
+    app = App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
+              conversations, live, feed, registry, replay, sessions, http, events, watch,
+              watchers, stuck_close_s=s.stuck_close_s)
+    router.when_resumed(lambda _lost_at: bindings.resumed(app.keys_in_use))  # checked again
+    return app
 
 
 @dataclass(frozen=True)

@@ -5,18 +5,25 @@ gets its first local member: callers await the bind, concurrent callers share
 it. An emptied key keeps its binding for ``delay_s``; it is unbound at a
 sweep only if it is still unused then, so join/leave and connect/disconnect
 churn do not become broker churn.
+
+After the broker link comes back, ``recheck`` compares the keys the node's
+connections need now with the keys the broker binds, and binds any missing
+(counted and logged: it means a bind was lost, which is a bug).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from gateway.metrics import NodeMetrics
 from router.base import Binder
 
 __all__ = ["Bindings"]
+
+log = logging.getLogger("gateway.bindings")
 
 
 class Bindings:
@@ -30,6 +37,7 @@ class Bindings:
         self._binding: dict[str, asyncio.Future[None]] = {}
         self._idle: dict[str, float] = {}  # emptied key -> monotonic time it emptied
         self._totals: deque[int] = deque(maxlen=window_ticks + 1)
+        self._tasks: set[asyncio.Task[list[str]]] = set()
 
     async def ensure(self, key: str) -> None:
         """Bound before this returns (the broker replays it after a reconnect)."""
@@ -49,6 +57,27 @@ class Bindings:
         finally:
             del self._binding[key]
             waiter.set_result(None)
+
+    def resumed(self, needed: Callable[[], Iterable[str]]) -> None:
+        """The broker link is back: ``recheck`` what ``needed()`` names, soon."""
+        task = asyncio.create_task(self.recheck(needed()))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def recheck(self, needed: Iterable[str]) -> list[str]:
+        """Every key in ``needed`` (what local connections use) bound on the broker,
+        checked against the broker's own set, not this one's; the keys that
+        were missing, now bound again."""
+        have = self.router.bound_keys()
+        missing = [k for k in needed if k not in have]
+        for key in missing:
+            self.bound.discard(key)
+            await self.ensure(key)
+            self.metrics.room_bind_ops.labels("repair").inc()
+        if missing:
+            log.warning("%d routing key(s) in use were not bound on the broker (e.g. %s); "
+                        "bound again", len(missing), missing[0])
+        return missing
 
     def idle(self, key: str, now: float) -> None:
         """``key`` has no local member any more."""

@@ -47,13 +47,14 @@ class Pusher(Protocol):
 def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, result: SendResult,
               body: bytes, skip_conn: int | None = None) -> None:
     """After a 1:1 ack: the message to the receiver's devices and the sender's
-    others (nothing for a duplicate), and ``offline.msg`` when the receiver has
-    no device on a live node. The WebSocket and the server API share it."""
+    others (a duplicate's again while recent: ``result.repeat``), and
+    ``offline.msg`` when the receiver has no device on a live node (never for a
+    duplicate). The WebSocket and the server API share it."""
     if result.frame is None:
         return
     pusher.push(to, result.frame, result.receiver_routes)
     pusher.push(sender, result.frame, result.sender_routes, skip_conn=skip_conn)
-    if events is not None:
+    if events is not None and not result.repeat:
         now = time.time()
         if not any(pusher.is_alive(n, now) for n in (result.receiver_routes or {}).values()):
             events.offline_msg(to, result.mid, sender, sender, body)
@@ -61,13 +62,14 @@ def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, resul
 
 def push_group_sent(pusher: Pusher, events: Events | None, sender: str, group: str,
                     result: GroupSendResult, body: bytes, skip_conn: int | None = None) -> None:
-    """After a group ack: one envelope per node bound to the group (nothing for a
-    duplicate), and the group's events (``offline.msg`` for its offline members
-    or one ``offline.group``, found by the events worker, not here)."""
+    """After a group ack: one envelope per node bound to the group (a duplicate's
+    again while recent), and the group's events (``offline.msg`` for its offline
+    members or one ``offline.group``, found by the events worker, not here;
+    never for a duplicate)."""
     if result.frame is None:
         return
     pusher.publish_group(group, result.frame, skip_conn=skip_conn)
-    if events is not None:
+    if events is not None and not result.repeat:
         events.group_msg(group, result.mid, result.seq, sender, body, diffused=result.diffused)
 
 
@@ -83,10 +85,12 @@ class Replay:
         self.metrics = metrics
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def resumed(self, lost_at: float) -> None:
-        """The broker link is back (``Router.when_resumed``)."""
+    def resumed(self, lost_at: float, why: str = "broker outage") -> None:
+        """Pushes since ``lost_at`` may have gone nowhere: the broker link is back
+        (``Router.when_resumed``), or Redis lost the routes and they are written
+        again (``why`` says which, in the log)."""
         since = mid_for_time_ms(int((lost_at - 2.0) * 1000))
-        task = asyncio.create_task(self._replay(list(self.hub.users), since))
+        task = asyncio.create_task(self._replay(list(self.hub.users), since, why))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -107,18 +111,20 @@ class Replay:
         for frame in rows:
             self.hub.write_each((client,), frame)
 
-    async def _replay(self, users: list[str], since: int) -> None:
+    async def _replay(self, users: list[str], since: int, why: str) -> None:
+        sent = 0
         for i in range(0, len(users), 500):
             chunk = users[i:i + 500]
             try:
                 frames = await self.offline.recent(chunk, since, 200)
             except Unavailable as exc:
-                log.warning("replay after broker outage failed: %s", exc)
+                log.warning("replay after %s failed: %s", why, exc)
                 return
             for user, rows in zip(chunk, frames, strict=True):
                 for frame in rows:
-                    self.hub.deliver_to_user(user, frame, None)
+                    sent += self.hub.deliver_to_user(user, frame, None)
         self.metrics.replays.inc()
+        log.info("replay after %s: %d push(es) again to %d local user(s)", why, sent, len(users))
 
     async def close(self) -> None:
         for t in self._tasks:

@@ -124,7 +124,9 @@ class NodeMetrics:
             "messages, by outcome (ok, unavailable); one per room per window", ["outcome"],
             registry=r)
         self.room_bind_ops = Counter("im_room_bind_ops_total",
-                                     "Room bindings made and removed on the broker", ["op"],
+                                     "Bindings (rooms, groups, presence) made and removed on the "
+                                     "broker, by op: bind, unbind, repair (a key in use found "
+                                     "unbound after a broker reconnect: a bug)", ["op"],
                                      registry=r)
         self.room_bind_ops_minute = Gauge(
             "im_room_bind_ops_last_minute", "Room binds plus unbinds in the last 60 seconds",

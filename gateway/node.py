@@ -37,6 +37,7 @@ from store.records import Beat, InboxLimits
 __all__ = ["Node", "StartupError"]
 
 log = logging.getLogger("gateway.node")
+REWRITE_RETRY_S = 0.25  # routes lost with Redis: the rewrite is tried again this often
 
 
 class StartupError(Exception):
@@ -73,6 +74,8 @@ class Node:
         self.lease: NodeLease = self.stores.lease
         self._keeper: LeaseKeeper | None = None
         self._held_at = 0.0  # monotonic time the lease was last confirmed
+        self._beat_ok_at = time.time()  # unix time of the last beat Redis answered
+        self._routes_lost_after: float | None = None  # set while routes are to be rewritten
         self._app: App | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._ws_server: Server | None = None
@@ -216,7 +219,9 @@ class Node:
         A lease another node holds now, or one not confirmed for most of its
         ttl, stops the minting of mids until it is held again. A lease that
         had vanished means Redis lost its data (flush, failover): the routes of
-        every local connection are written again.
+        every local connection are written again, then what came for them since
+        the last beat before the loss is pushed again (a 1:1 push sent while
+        their routes were gone reached no other node).
         """
         app = self.app
         now = time.monotonic()
@@ -227,21 +232,35 @@ class Node:
                 app.mids.hold(False)
             return
         self.metrics.beats.labels("held" if result.held else "lost").inc()
+        ok_before, self._beat_ok_at = self._beat_ok_at, time.time()
         if result.held:
             self._held_at = now
         elif app.mids.held:
             log.error("node id lease held by another node: minting stopped")
         app.mids.hold(result.held)
         app.beat(result.live)
-        if result.retaken:
+        if result.retaken and self._routes_lost_after is None:
+            self._routes_lost_after = ok_before
             self._tasks.append(asyncio.create_task(self._rewrite(app)))
 
     async def _rewrite(self, app: App) -> None:
-        try:
-            await app.registry.rewrite()
-        except Unavailable as exc:
-            log.warning("rewriting routes failed: %s", exc)
-        app.live.rewrite_counts()
+        """Every local route written again, tried every ``REWRITE_RETRY_S`` until
+        it is done (the first command on a connection Redis dropped fails), then
+        the replay. A node whose routes are not back is deaf to other nodes."""
+        failures = 0
+        while (lost_after := self._routes_lost_after) is not None:
+            try:
+                await app.registry.rewrite()
+            except Unavailable as exc:
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning("rewriting routes failed (%d time(s), trying again every "
+                                "%.2f s): %s", failures, REWRITE_RETRY_S, exc)
+                await asyncio.sleep(REWRITE_RETRY_S)
+                continue
+            self._routes_lost_after = None
+            app.replay.resumed(lost_after, "Redis lost the routes")
+            app.live.rewrite_counts()
 
     async def healthy(self) -> bool:
         """Serving: not draining, the broker link up (its state, no I/O), Redis

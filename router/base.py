@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,6 +70,11 @@ class Binder(Protocol):
         ...
 
     async def unbind_key(self, key: str) -> None: ...
+
+    def bound_keys(self) -> AbstractSet[str]:
+        """The keys this node's queue is bound to (or being bound to); a new
+        broker link binds every one of them again before it carries anything."""
+        ...
 
 
 class Broker(Binder, Protocol):

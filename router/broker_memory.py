@@ -53,6 +53,9 @@ class MemoryBroker:
         self._keys.setdefault(key, set()).add(self.node)
         self.binds += 1
 
+    def bound_keys(self) -> set[str]:
+        return {k for k, nodes in self._keys.items() if self.node in nodes}
+
     async def unbind_key(self, key: str) -> None:
         nodes = self._keys.get(key)
         if nodes is not None:

@@ -308,6 +308,9 @@ class RabbitMQBroker:
             with contextlib.suppress(AMQPError, OSError, RuntimeError):
                 await self._queue.bind(self._exchanges["room"], routing_key=key)
 
+    def bound_keys(self) -> set[str]:
+        return {key for kind, key in self._bindings if kind == "room"}
+
     async def unbind_key(self, key: str) -> None:
         self._bindings.discard(("room", key))
         self.unbinds += 1

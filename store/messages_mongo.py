@@ -174,6 +174,11 @@ class MessagesMongo:
             d = await self.messages.find_one({"_id": mid}, {"from": 1})
         return None if d is None else str(d["from"])
 
+    async def get(self, mid: int) -> ChatMessage | None:
+        async with mongo_guard():
+            d = await self.messages.find_one({"_id": mid})
+        return None if d is None else chat_message(d)
+
     async def forget(self, owner: str, mid: int) -> str | None:
         """Remove ``mid`` from ``owner``'s box only; its conversation, or None if
         it was not there."""

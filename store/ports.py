@@ -104,6 +104,10 @@ class MessageStore(Protocol):
 
     async def sender_of(self, mid: int) -> str | None: ...
 
+    async def get(self, mid: int) -> ChatMessage | None:
+        """The 1:1 message ``mid`` (recalled: without body), or None."""
+        ...
+
     async def forget(self, owner: str, mid: int) -> str | None:
         """Remove from ``owner``'s box only; the entry's conversation, or None."""
         ...

@@ -9,6 +9,8 @@ load many sends share one round trip per stage.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -24,10 +26,17 @@ from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.frames import encode, frame_of, msg_frame, tombstone
 from gateway.metrics import NodeMetrics
-from store.ports import MessageStore, OfflineStore
+from store.ports import MessageStore, OfflineStore, RouteStore
 from store.records import ChatMessage, ConversationRow, Delivery, Erasure
 
-__all__ = ["ChatService", "IdSource", "SendResult"]
+__all__ = ["REPUSH_WINDOW_S", "ChatService", "IdSource", "SendResult"]
+
+log = logging.getLogger("gateway.chat.service")
+
+# A resend of an acked cmid pushes the message again while it is this recent:
+# the first ack may have been lost with the node that sent it, and the push
+# with it (devices drop repeats by mid). Older resends are answered only.
+REPUSH_WINDOW_S = 60.0
 
 
 class IdSource(Protocol):
@@ -40,9 +49,10 @@ class IdSource(Protocol):
 class SendResult:
     mid: int
     ts: int
-    frame: bytes | None  # the push frame; None for a duplicate (nothing new to push)
+    frame: bytes | None  # the push frame; None for a duplicate with nothing to push
     sender_routes: dict[str, str] | None = None  # connection -> node
     receiver_routes: dict[str, str] | None = None
+    repeat: bool = False  # a resend's push again: no events, nothing counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +80,12 @@ class ChatService:
     """Orchestrates the stores for 1:1 chat; knows nothing of sockets."""
 
     def __init__(self, claims: Claims, messages: MessageStore, offline: OfflineStore,
-                 mids: IdSource, limits: ChatLimits, metrics: NodeMetrics) -> None:
+                 routes: RouteStore, mids: IdSource, limits: ChatLimits,
+                 metrics: NodeMetrics) -> None:
         self.claims = claims
         self.messages = messages
         self.offline = offline
+        self.routes = routes
         self.mids = mids
         self.metrics = metrics
         mb, mp = limits.batch_max, limits.pending_max
@@ -101,7 +113,7 @@ class ChatService:
                 raise ProtocolError("bad_request", "cmid was used for a group message")
             if prior.acked:  # acked before: same mid, nothing stored
                 self.metrics.sends.labels("duplicate").inc()
-                return SendResult(prior.mid, mid_time_ms(prior.mid), None)
+                return await self._repeat(prior.mid)
             mid = prior.mid  # in flight or failed earlier: redo it under the same mid
         msg = ChatMessage(mid, sender, to, cmid, body)
         stored = await self._writes.submit(msg)
@@ -112,6 +124,24 @@ class ChatService:
         routes = await self._deliveries.submit(_Outgoing(msg, frame))
         self.metrics.sends.labels("stored").inc()
         return SendResult(mid, mid_time_ms(mid), frame, *routes)
+
+    async def _repeat(self, mid: int) -> SendResult:
+        """The answer to a resend of an acked ``mid``, with its push again while it
+        is recent (``REPUSH_WINDOW_S``). A store that cannot be read leaves the
+        push out, never the answer: the message is stored and in sync."""
+        ts = mid_time_ms(mid)
+        if time.time() * 1000 - ts > REPUSH_WINDOW_S * 1000:
+            return SendResult(mid, ts, None)
+        try:
+            msg = await self.messages.get(mid)
+            if msg is None or msg.recalled:
+                return SendResult(mid, ts, None)
+            sender_routes, receiver_routes = await self.routes.lookup([msg.sender, msg.to])
+        except Unavailable as exc:
+            log.warning("no push again for a resent message: %s", exc)
+            return SendResult(mid, ts, None)
+        return SendResult(mid, ts, encode(msg_frame(msg)), sender_routes, receiver_routes,
+                          repeat=True)
 
     async def _flush_deliveries(
         self, items: list[_Outgoing]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from core.errors import Unavailable
 from core.ids import mid_time_ms
 from core.paging import seek_page
 from gateway.chat.claims import Claims
-from gateway.chat.service import IdSource
+from gateway.chat.service import REPUSH_WINDOW_S, IdSource
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.frames import encode_group, group_frame
@@ -50,8 +51,9 @@ class GroupSendResult:
     mid: int
     seq: int
     ts: int
-    frame: bytes | None  # None for a duplicate: nothing new to push
+    frame: bytes | None  # None for a duplicate with nothing to push
     diffused: bool = False  # write diffusion: each member got a box entry
+    repeat: bool = False  # a resend's push again: no events
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +121,28 @@ class GroupService:
         prior = await self.claims.claim(sender, cmid, mid)
         if prior is not None:
             if prior.acked and prior.seq is not None:
-                return GroupSendResult(prior.mid, prior.seq, mid_time_ms(prior.mid), None)
+                return await self._repeat(group, prior.mid, prior.seq)
             if prior.acked:
                 raise ProtocolError("bad_request", "cmid was used for a 1:1 message")
             mid = prior.mid
         done = await self._writes.submit(_Pending(group, sender, cmid, body, mid))
         m = done.msg
         return GroupSendResult(m.mid, m.seq, mid_time_ms(m.mid), done.frame, m.wd)
+
+    async def _repeat(self, group: str, mid: int, seq: int) -> GroupSendResult:
+        """A resend of an acked group message: the same mid and seq, and its push
+        again while it is recent (``REPUSH_WINDOW_S``, as for 1:1)."""
+        ts = mid_time_ms(mid)
+        if time.time() * 1000 - ts > REPUSH_WINDOW_S * 1000:
+            return GroupSendResult(mid, seq, ts, None)
+        try:
+            m = await self.store.message(group, mid)
+        except Unavailable as exc:
+            log.warning("no push again for a resent group message: %s", exc)
+            return GroupSendResult(mid, seq, ts, None)
+        if m is None or m.recalled:
+            return GroupSendResult(mid, seq, ts, None)
+        return GroupSendResult(mid, seq, ts, encode_group(m), m.wd, repeat=True)
 
     async def _flush(self, items: list[_Pending]) -> list[_Stored | BaseException]:
         by_group = groupseq.by_group([it.group for it in items])

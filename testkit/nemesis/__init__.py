@@ -40,7 +40,8 @@ __all__ = ["MUST_BE_ZERO", "Fault", "Nemesis", "NemesisConfig", "ci_schedule", "
            "long_schedule", "summary"]
 
 MUST_BE_ZERO = ("lost", "duplicated", "reordered", "silent_gaps", "deaf_pushes",
-                "double_acked", "unread_wrong", "history_missing", "history_duplicated")
+                "double_acked", "unread_wrong", "history_missing", "history_duplicated",
+                "stored_duplicated")
 
 
 class Nemesis:
@@ -92,24 +93,39 @@ class Nemesis:
         return report
 
     async def check(self) -> dict[str, Any]:
-        """After a settle period and a full sync of every user: the report."""
+        """After a settle period and a full sync of every user: the report, with
+        the seconds each part of the check took (``check_s``)."""
         h = self.history
-        await readback.settle(h, self.cfg.settle_s)
-        await readback.final_sync(h)
+        laps = _Laps()
+        left = await readback.settle(h, self.cfg.settle_s)
+        laps("settle")
+        since = await readback.final_sync(h)
+        laps("final_sync")
         out: dict[str, Any] = {"namespace": self.cluster.ns, "seed": self.cfg.seed,
-                               "tree": str(self.cfg.tree or "this checkout")}
+                               "tree": str(self.cfg.tree or "this checkout"),
+                               "settle_left": left, "final_sync_since": since}
         out.update(_traffic_counts(h))
         out.update(checks.check_messages(h))
-        out.update(checks.check_group_history(h, await readback.group_history_held(h)))
+        out.update(checks.check_stored(await readback.stored_copies(self.cluster.mongo_url,
+                                                                    self.cluster.ns)))
+        laps("messages")
+        held = await readback.group_history_held(h)
+        laps("group_history_read")
+        out.update(checks.check_group_history(h, held))
         out.update(checks.check_deaf(h))
+        laps("group_history_and_deaf")
         out.update(await self._check_rooms(h))
+        laps("rooms")
         out.update(await self._check_unread(h))
+        laps("unread")
         out["faults"] = checks.fault_report(h)
         out["node_code"] = sorted(self.cluster.node_code)
         out["churned"] = len(self.workload.churned)
         out["connects_during_faults"] = checks.connects_during_faults(h)
         out["reconnects"] = sum(max(0, u.client.connects - 1) for u in h.everyone)
         out["duplicate_pushes"] = checks.duplicate_pushes(h)
+        laps("faults")
+        out["check_s"] = laps.took
         return out
 
     async def _check_rooms(self, h: History) -> dict[str, Any]:
@@ -124,6 +140,19 @@ class Nemesis:
                                                  list(h.group_members))
         plans = unread_checks.plan_unread(h, self.rng, counters)
         return unread_checks.unread_report(await readback.read_and_list(plans))
+
+
+class _Laps:
+    """Seconds per named part, each from the end of the one before."""
+
+    def __init__(self) -> None:
+        self.took: dict[str, float] = {}
+        self._t = time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        t = time.monotonic()
+        self.took[name] = round(t - self._t, 2)
+        self._t = t
 
 
 def _traffic_counts(h: History) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 unread counts have modules of their own (``room_checks``, ``unread_checks``).
 
 - ``check_messages``: ``lost``, ``duplicated``, ``reordered``, ``double_acked``;
+- ``check_stored``: ``stored_duplicated`` (two mids for one cmid or one group
+  seq in the store itself);
 - ``check_group_history``: ``history_missing``, ``history_duplicated`` (given
   what each member's ``/v1/history`` held);
 - ``check_deaf``: ``deaf_pushes`` (a device connected all along, not pushed to);
@@ -18,7 +20,7 @@ from typing import Any
 
 from testkit.nemesis.history import History, Send, User
 
-__all__ = ["PUSH_GRACE_S", "check_deaf", "check_group_history", "check_messages",
+__all__ = ["PUSH_GRACE_S", "check_deaf", "check_group_history", "check_messages", "check_stored",
            "connects_during_faults", "describe", "duplicate_pushes", "fault_at",
            "fault_report", "missing", "receivers"]
 
@@ -127,6 +129,17 @@ def _duplicates_of(r: User) -> list[dict[str, Any]]:
     out += [{"user": r.name, "group": g, "seq": seq, "mids": sorted(mids)}
             for (g, seq), mids in seqs.items() if len(mids) > 1]
     return out
+
+
+def check_stored(copies: dict[str, Any]) -> dict[str, Any]:
+    """What the store holds (``readback.stored_copies``): one mid per (sender,
+    cmid) and per (group, seq), whoever synced it."""
+    dups = [{"from": frm, "cmid": cmid, "mids": sorted(mids)}
+            for (frm, cmid), mids in copies["by_cmid"].items() if len(mids) > 1]
+    dups += [{"group": g, "seq": seq, "mids": sorted(mids)}
+             for (g, seq), mids in copies["by_seq"].items() if len(mids) > 1]
+    return {"stored_duplicated": len(dups), "stored_messages": len(copies["by_cmid"]),
+            "details_stored_duplicated": dups[:20]}
 
 
 # -- group history ------------------------------------------------------------------------

@@ -7,21 +7,24 @@ unread counts after the reads of a plan. The rules live in the pure checks
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
 from typing import Any
 
 from imgate_client import Connection, HttpError
 
-from testkit.nemesis.checks import missing
+from testkit.nemesis.checks import fault_at, missing
 from testkit.nemesis.config import SECRET, SYNC_LIMIT
-from testkit.nemesis.history import History, User
+from testkit.nemesis.history import History, Send, User
 from testkit.nemesis.unread_checks import UnreadPlan
 from testkit.poll import bounded, until
 from testkit.tokens import issue_token
 
 __all__ = ["final_sync", "group_counters", "group_history_held", "http_retry",
-           "members_behind", "read_and_list", "room_final", "settle"]
+           "members_behind", "read_and_list", "room_final", "settle", "stored_copies",
+           "undelivered"]
 
 
 async def http_retry(u: User, method: str, path: str, **kw: Any) -> Any:
@@ -38,19 +41,49 @@ async def http_retry(u: User, method: str, path: str, **kw: Any) -> Any:
             await asyncio.sleep(0.5)
 
 
-async def settle(h: History, timeout: float) -> None:
+def undelivered(h: History) -> dict[str, list[Send]]:
+    """Per receiver, the acked messages it has got neither from the SDK nor a sync."""
+    out: dict[str, list[Send]] = defaultdict(list)
+    for u in h.everyone:
+        for s in u.sends.values():
+            if s.mid is not None:
+                for r in missing(h, s, u):
+                    out[r.name].append(s)
+    return dict(out)
+
+
+async def settle(h: History, timeout: float) -> dict[str, Any]:
     """Until every client is connected and every acked message reached each of
-    its receivers by push or sync (bounded by ``timeout``)."""
+    its receivers by push or sync (bounded by ``timeout``); what was still
+    missing then (``settle_left``: users not connected, messages not delivered).
+    Each poll looks again only at what was missing at the one before."""
+    pending = [(u, s) for u in h.everyone for s in u.sends.values() if s.mid is not None]
+
     def done() -> bool:
-        if not all(u.client.connected for u in h.everyone):
-            return False
-        return not any(missing(h, s, u) for u in h.everyone
-                       for s in u.sends.values() if s.mid is not None)
+        pending[:] = [(u, s) for u, s in pending if missing(h, s, u)]
+        return not pending and all(u.client.connected for u in h.everyone)
+
     await until(done, timeout=timeout, every=0.25)
+    return {"not_connected": [u.name for u in h.everyone if not u.client.connected],
+            "undelivered": sum(len(missing(h, s, u)) for u, s in pending),
+            "examples": [_left(h, u, s) for u, s in pending[:10]]}
 
 
-async def _sync_from_zero(u: User) -> None:
-    since, got = 0, []
+def _left(h: History, u: User, s: Send) -> dict[str, Any]:
+    """A message some receiver still lacks, with what its connections saw:
+    which got the push frame, which were open around the send."""
+    t1, t2 = s.t_first, s.t_ack or s.t_first
+    return {"from": u.name, "cmid": s.cmid, "mid": s.mid, "t_first": h.rel(t1),
+            "t_ack": h.rel(t2), "fault": fault_at(h, t1, t2),
+            "to": {r.name: {"pushed_on": [g for g, got in r.pushes.items() if s.mid in got],
+                            "conns": [(c.gen, c.node, h.rel(c.t_open), h.rel(c.t_close))
+                                      for c in r.conns.values()
+                                      if c.t_open - 5 <= t2 and (c.t_close or 1e18) + 5 >= t1]}
+                   for r in missing(h, s, u)}}
+
+
+async def _sync_after(u: User, since: int) -> None:
+    got = []
     for _ in range(500):
         page = await http_retry(u, "GET", "/v1/sync", params={"since": since, "limit": SYNC_LIMIT})
         got.extend(page["msgs"])
@@ -61,9 +94,21 @@ async def _sync_from_zero(u: User) -> None:
     u.synced_mids = {int(m["mid"]) for m in got}
 
 
-async def final_sync(h: History) -> None:
-    """A full ``/v1/sync`` of every user from 0, into ``synced``/``synced_mids``."""
-    await bounded((_sync_from_zero(u) for u in h.everyone), 6)
+async def final_sync(h: History) -> dict[str, int]:
+    """A ``/v1/sync`` of every user into ``synced``/``synced_mids``: from just
+    before the oldest message it still lacks, or from its newest delivered one
+    (one page, to see the cursor answer) when it lacks none. Not from 0: a user
+    syncs its whole history in pages of ``SYNC_LIMIT``, and on SecantusDB that
+    grows with the square of the run's length. Returns the ``since`` per user."""
+    lacking = undelivered(h)
+    since = {}
+    for u in h.everyone:
+        if u.name in lacking:
+            since[u.name] = min(s.mid or 0 for s in lacking[u.name]) - 1
+        else:
+            since[u.name] = max(u.delivered, default=0)
+    await bounded((_sync_after(u, since[u.name]) for u in h.everyone), 6)
+    return since
 
 
 async def _history_seqs(u: User, g: str) -> Counter[int]:
@@ -121,15 +166,37 @@ async def members_behind(h: History, room: str, final: dict[str, Any]) -> list[d
 
 async def group_counters(mongo_url: str, ns: str, groups: list[str]) -> dict[str, int]:
     """Each group's seq counter in the store."""
-    from pymongo import AsyncMongoClient
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-        mongo_url, serverSelectionTimeoutMS=10_000)
-    try:
+    async with _mongo(mongo_url) as client:
         out = {}
         for g in groups:
             doc = await client[ns].groups.find_one({"_id": g})
             out[g] = int((doc or {}).get("seq") or 0)
         return out
+
+
+async def stored_copies(mongo_url: str, ns: str) -> dict[str, Any]:
+    """Every message the store holds, read once: the mids stored per (sender,
+    cmid), 1:1 and group, and per (group, seq) (tombstones left out)."""
+    by_cmid: dict[tuple[str, str], set[int]] = defaultdict(set)
+    by_seq: dict[tuple[str, int], set[int]] = defaultdict(set)
+    async with _mongo(mongo_url) as client:
+        db = client[ns]
+        async for d in db.messages.find({}, {"from": 1, "cmid": 1}):
+            by_cmid[(str(d["from"]), str(d["cmid"]))].add(int(d["_id"]))
+        async for d in db.group_msgs.find({"dead": {"$ne": True}},
+                                          {"g": 1, "seq": 1, "mid": 1, "from": 1, "cmid": 1}):
+            by_cmid[(str(d["from"]), str(d["cmid"]))].add(int(d["mid"]))
+            by_seq[(str(d["g"]), int(d["seq"]))].add(int(d["mid"]))
+    return {"by_cmid": by_cmid, "by_seq": by_seq}
+
+
+@contextlib.asynccontextmanager
+async def _mongo(url: str) -> AsyncIterator[Any]:
+    from pymongo import AsyncMongoClient
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        url, serverSelectionTimeoutMS=10_000)
+    try:
+        yield client
     finally:
         await client.close()
 

@@ -303,6 +303,11 @@ class FakeMessages(Faulty):
         m = self.bodies.get(mid)
         return m.sender if isinstance(m, ChatMessage) else None
 
+    async def get(self, mid: int) -> ChatMessage | None:
+        self._up("get")
+        m = self.bodies.get(mid)
+        return m if isinstance(m, ChatMessage) else None
+
     async def forget(self, owner: str, mid: int) -> str | None:
         """Out of ``owner``'s box only (the body stays for the other side)."""
         self._up("forget")

@@ -5,6 +5,7 @@ fallback to the message store. No servers."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from core import dedup
 from core.errors import Unavailable
 from core.ids import MidGenerator, mid_time_ms
+from gateway.chat.service import REPUSH_WINDOW_S
 from gateway.errors import ProtocolError
 from store.records import ChatMessage, Delivery
 from tests.core.world import World, build
@@ -59,11 +61,36 @@ async def test_send_stores_once_delivers_to_both_and_acks(world: World) -> None:
 async def test_resend_of_an_acked_cmid_returns_the_mid_and_stores_nothing(world: World) -> None:
     st = world.stores
     first = await world.chat.send("alice", "bob", "c1", "hi")
+    st.routes.connect("bob", "n2", 7)  # connected since: the push again reaches it
     again = await world.chat.send("alice", "bob", "c1", "hi")
-    assert (again.mid, again.ts, again.frame) == (first.mid, first.ts, None)
+    assert (again.mid, again.ts, again.frame) == (first.mid, first.ts, first.frame)
+    assert again.repeat and not first.repeat  # pushed again, no event, nothing counted
+    assert again.receiver_routes == {"n2/7": "n2"} and again.sender_routes == {}
     assert len(st.messages.batches) == 1
     assert len(st.offline.deliveries) == 2
     assert st.dedup.values[("alice", "c1")] == dedup.done(first.mid)
+
+
+async def test_an_old_recalled_or_unreadable_resend_is_answered_without_a_push() -> None:
+    now = int(time.time() * 1000)
+    old = build(clock_ms=lambda: now - int(REPUSH_WINDOW_S * 1000) - 5_000)
+    try:
+        first = await old.chat.send("alice", "bob", "c1", "hi")
+        again = await old.chat.send("alice", "bob", "c1", "hi")
+        assert (again.mid, again.frame, again.repeat) == (first.mid, None, False)
+    finally:
+        await old.close()
+    w = build()
+    try:
+        recalled = await w.chat.send("alice", "bob", "c1", "hi")
+        await w.stores.messages.recall(recalled.mid, "alice")
+        assert (await w.chat.send("alice", "bob", "c1", "hi")).frame is None
+        sent = await w.chat.send("alice", "bob", "c2", "hi")
+        w.stores.messages.fail("get")  # the store is down: the answer still comes
+        again = await w.chat.send("alice", "bob", "c2", "hi")
+        assert (again.mid, again.frame) == (sent.mid, None)
+    finally:
+        await w.close()
 
 
 async def test_resend_of_a_pending_cmid_is_redone_under_the_claimed_mid(world: World) -> None:

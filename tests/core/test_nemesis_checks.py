@@ -1,7 +1,8 @@
 """testkit.nemesis's checks over a recorded history, without servers: a clean
-history passes; a duplicate, a reorder, a lost message, a double ack, a silent
-room jump (but not one told by ``room_gap`` or an unrecovered rejoin), a deaf
-push and a wrong unread count are each found, with the fault near them."""
+history passes; a duplicate (delivered, or in the store), a reorder, a lost
+message, a double ack, a silent room jump (but not one told by ``room_gap``
+or an unrecovered rejoin), a deaf push and a wrong unread count are each
+found, with the fault near them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from testkit.nemesis.checks import (
     check_deaf,
     check_group_history,
     check_messages,
+    check_stored,
     fault_report,
 )
 from testkit.nemesis.history import Conn, History, Send, User
@@ -81,6 +83,18 @@ def test_a_duplicate_is_found_by_mid_and_by_cmid():
     assert {"user": "b", "mid": 10, "deliveries": 2} in msgs["details"]["duplicated"]
     assert {"user": "b", "from": "a", "cmid": "a-dm-b-1",
             "mids": [12, 99]} in msgs["details"]["duplicated"]
+
+
+def test_the_store_holding_two_mids_for_one_cmid_or_one_seq_is_found():
+    clean_store = {"by_cmid": {("a", "c1"): {10}, ("a", "c2"): {11}},
+                   "by_seq": {("g", 1): {11}}}
+    assert check_stored(clean_store)["stored_duplicated"] == 0
+    twice = {"by_cmid": {("a", "c1"): {10, 12}, ("a", "c2"): {11}},
+             "by_seq": {("g", 1): {11, 13}}}
+    got = check_stored(twice)
+    assert got["stored_duplicated"] == 2
+    assert {"from": "a", "cmid": "c1", "mids": [10, 12]} in got["details_stored_duplicated"]
+    assert {"group": "g", "seq": 1, "mids": [11, 13]} in got["details_stored_duplicated"]
 
 
 def test_a_reorder_and_a_double_ack_are_found():

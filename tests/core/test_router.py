@@ -90,6 +90,9 @@ class RecordingBroker:
     async def unbind_key(self, key: str) -> None:
         await self.inner.unbind_key(key)
 
+    def bound_keys(self) -> set[str]:
+        return self.inner.bound_keys()
+
     async def publish_event(self, key: str, body: bytes, event_id: str) -> None:
         self.published.append(("events", key, body))
 

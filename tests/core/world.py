@@ -62,7 +62,8 @@ def build(settings: Settings | None = None, *, node: int = 1,
     batch = {"max_batch": s.batch_max, "max_pending": s.pending_max}
     mids = MidGenerator(node, clock_ms)
     claims = Claims(f.dedup, observe=metrics.stage_observer("dedup"), **batch)
-    chat = ChatService(claims, f.messages, f.offline, mids, ChatLimits.from_settings(s), metrics)
+    chat = ChatService(claims, f.messages, f.offline, f.routes, mids, ChatLimits.from_settings(s),
+                       metrics)
     diffusion = GroupDiffusion(f.group_cache, f.messages, f.offline)
     control = FakeControl()
     groups = GroupService(f.groups, f.group_cache, claims, mids, diffusion, f.offline,

@@ -86,3 +86,41 @@ async def test_a_device_whose_registration_cannot_complete_is_closed_with_1012(
     assert await device.wait_closed(timeout=20) == 1012
     assert device.close_reason == "registration incomplete: reconnect"
     assert node.app.registry.unfinished == 0
+
+
+async def test_a_push_sent_while_redis_had_lost_the_routes_comes_once_they_are_back(
+        private, make_node, connect, http):
+    """Redis restarted empty: every route is gone until each node's next beat
+    finds its lease gone and writes them again. A 1:1 message acked in between
+    reaches no other node by push; the node replays it to its devices then."""
+    redis = await private("redis")
+    # The receiver's node beats only when the test says (node.beat()).
+    sender_node = await make_node(redis_url=redis.url, redis_cluster=0, dep_timeout_s=1.0)
+    receiver_node = await make_node(redis_url=redis.url, redis_cluster=0, dep_timeout_s=1.0,
+                                    heartbeat_s=3600.0)
+    alice, bob = uid("a"), uid("b")
+    group = await _group(http, sender_node, alice, bob)
+    sender = await connect(sender_node, alice)
+    receiver = await connect(receiver_node, bob)
+    route = f"{RUN_NS}:rt:{{{bob}}}"
+
+    async def routed() -> bool:
+        r = aioredis.from_url(redis.url)
+        try:
+            return bool(await r.hgetall(route))
+        finally:
+            await r.aclose()
+
+    # Bob registered in full before the loss (route written, groups loaded: the
+    # last step), else the registry's own repair would replay to him, not the beat.
+    assert await until(routed, timeout=10)
+    assert await until(lambda: group in receiver_node.app.group_hub.members, timeout=10)
+    assert receiver_node.app.registry.unfinished == 0
+    await redis.kill()
+    await redis.start()  # empty: bob's route is gone
+    ack = await _acked(sender, "send", to=bob, cmid="while-unrouted", body="hi")
+    assert not await routed()  # no route: no push went out to bob's node
+
+    await receiver_node.beat()  # finds its lease gone: routes again, then the replay
+    push = await receiver.next_push("msg", timeout=10)
+    assert (push["mid"], push["body"]) == (ack["mid"], "hi")
