@@ -1,7 +1,8 @@
 """The fault schedule ("nemesis") as a longer run: ``python -m bench.nemesis
 --minutes N --seed S``. Three node processes on a private Redis and a private
 SecantusDB (``--shared-mongo``: the local MongoDB-compatible server, no store
-pause), RabbitMQ through one proxy per node; every fault kind again and again
+pause; ``--redis-cluster``: a private 3-master Redis Cluster, one master killed
+instead of the whole Redis), RabbitMQ through one proxy per node; every fault kind again and again
 in a seeded order (``testkit.nemesis.schedule.long_schedule``); then the
 checker (``testkit.nemesis``). Prints the counts and writes the whole report to
 ``bench/out/nemesis-<seed>-<time>.json``. Exit 0 when every count that must be
@@ -41,6 +42,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--users", type=int, default=12)
     ap.add_argument("--ci", action="store_true", help="the pytest test's schedule (~75 s)")
     ap.add_argument("--shared-mongo", action="store_true")
+    ap.add_argument("--redis-cluster", action="store_true",
+                    help="a private 3-master Redis Cluster (a master killed, not the Redis)")
     ap.add_argument("--tree", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=OUT)
     return ap.parse_args(argv)
@@ -69,10 +72,13 @@ def _print_report(report: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     seconds = 75.0 if args.ci else args.minutes * 60
-    schedule = ci_schedule() if args.ci else long_schedule(seconds, args.seed)
+    rc = args.redis_cluster
+    schedule = (ci_schedule(redis_cluster=rc) if args.ci
+                else long_schedule(seconds, args.seed, redis_cluster=rc))
     logs = Path(tempfile.mkdtemp(prefix="nemesis-logs-"))
     cfg = NemesisConfig(seconds=seconds, schedule=schedule, users=args.users, seed=args.seed,
-                        private_mongo=not args.shared_mongo, tree=args.tree, log_dir=logs)
+                        private_mongo=not args.shared_mongo, tree=args.tree, log_dir=logs,
+                        redis_cluster=rc)
     _print_schedule(cfg, logs)
     report = asyncio.run(Nemesis(cfg).run())
     report["node_logs"] = str(logs)

@@ -218,7 +218,8 @@ class Node:
 
         A lease another node holds now, or one not confirmed for most of its
         ttl, stops the minting of mids until it is held again. A lease that
-        had vanished means Redis lost its data (flush, failover): the routes of
+        had vanished (or, on a Redis Cluster, a canary: ``Beat.lost``) means
+        Redis lost its data (flush, failover, a master restarted): the routes of
         every local connection are written again, then what came for them since
         the last beat before the loss is pushed again (a 1:1 push sent while
         their routes were gone reached no other node).
@@ -239,7 +240,7 @@ class Node:
             log.error("node id lease held by another node: minting stopped")
         app.mids.hold(result.held)
         app.beat(result.live)
-        if result.retaken and self._routes_lost_after is None:
+        if (result.retaken or result.lost) and self._routes_lost_after is None:
             self._routes_lost_after = ok_before
             self._tasks.append(asyncio.create_task(self._rewrite(app)))
 

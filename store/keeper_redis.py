@@ -10,7 +10,10 @@ loop is busy the GIL still switches threads every few milliseconds.
 Each beat: renew the lease (``lease_renew.lua``; a vanished key, after Redis
 lost its data, is taken again with ``SET NX``), then write this node's
 heartbeat expiry and read every node's (one pipeline). On a Redis Cluster
-the thread has a cluster client of its own (each key is one slot).
+the thread has a cluster client of its own (each key is one slot), and each
+beat also sets a canary key on every master (``Keys.canary``): one that had
+vanished means its master lost its data, and with it the routes of some of
+this node's devices (``Beat.lost``), which the lease, on one master, cannot tell.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class LeaseKeeperRedis:
         self._client: redis.Redis | RedisCluster | None = None  # made on the first beat
         self._renew = Lua("lease_renew.lua")
         self._lock = threading.Lock()  # one beat at a time (the thread's, or beat_once's)
+        self._canaries: dict[str, str] = {}  # master "host:port" -> canary key on it
+        self._canaries_set = False  # every canary written once: a vanished one means a loss
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -102,8 +107,37 @@ class LeaseKeeperRedis:
         pipe.zremrangebyscore(self.keys.nodes(), "-inf", now - 3600)  # forget the long dead
         pipe.zrange(self.keys.nodes(), 0, -1, withscores=True)
         *_, live = pipe.execute()
+        lost = self._check_canaries(r) if isinstance(r, RedisCluster) else False
         return Beat(held=state == 1 or retaken, retaken=retaken,
-                    live={n.decode(): float(expiry) for n, expiry in live})
+                    live={n.decode(): float(expiry) for n, expiry in live}, lost=lost)
+
+    def _check_canaries(self, r: RedisCluster) -> bool:
+        """Set this node's canary on every master; True if one that was set
+        before had vanished (that master restarted empty, or was replaced)."""
+        primaries = r.get_primaries()  # type: ignore[no-untyped-call]
+        masters = {f"{n.host}:{n.port}" for n in primaries}
+        if masters != set(self._canaries):  # topology changed: pick keys anew
+            self._canaries = self._pick_canaries(r, masters)
+            self._canaries_set = False
+        gone = False
+        for key in self._canaries.values():
+            old = r.set(key, "1", ex=self.lease_ttl_s, get=True)
+            gone = gone or old is None
+        lost = gone and self._canaries_set
+        self._canaries_set = True
+        return lost
+
+    def _pick_canaries(self, r: RedisCluster, masters: set[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for i in range(10_000):
+            if len(out) == len(masters):
+                break
+            key = self.keys.canary(f"c{i}", self.name)
+            node = r.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            where = f"{node.host}:{node.port}"
+            if where in masters and where not in out:
+                out[where] = key
+        return out
 
     def stop(self) -> None:
         self._stop.set()

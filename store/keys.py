@@ -163,6 +163,11 @@ class Keys:
     def node_lease(self, node_num: int) -> str:
         return f"{self.ns}:nodeid:{node_num}"
 
+    def canary(self, tag: str, node: str) -> str:
+        """String: a node's marker on one master of a Redis Cluster (``tag``
+        picks the slot); its vanishing means that master lost its data."""
+        return f"{self.ns}:cn:{{{tag}}}:{node}"
+
     def node_users(self, node: str) -> str:
         """Set: users whose presence a node still answers for (a device there, or
         a disconnect whose grace has not run out): survivors pop it when the

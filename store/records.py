@@ -124,6 +124,7 @@ class Beat:
     held: bool  # the node holds its number (it may mint mids)
     retaken: bool  # the lease had vanished (Redis lost its data) and was taken again
     live: dict[str, float]  # every node seen lately -> heartbeat expiry (unix s)
+    lost: bool = False  # a master of a Redis Cluster lost its data (a canary vanished)
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,7 +145,7 @@ class Registry:
 
     async def rewrite(self) -> None:
         """Redis lost its data: every local device's route again."""
-        log.warning("lease was gone from Redis: rewriting %d routes", self.hub.count)
+        log.warning("Redis lost its data: rewriting %d routes", self.hub.count)
         await self.routes.add([(c.user, self.node, c.id) for c in self.hub.clients()])
         await self.presence.restore(list({c.user for c in self.hub.clients()}))
 

@@ -41,7 +41,7 @@ __all__ = ["MUST_BE_ZERO", "Fault", "Nemesis", "NemesisConfig", "ci_schedule", "
 
 MUST_BE_ZERO = ("lost", "duplicated", "reordered", "silent_gaps", "deaf_pushes",
                 "double_acked", "unread_wrong", "history_missing", "history_duplicated",
-                "stored_duplicated")
+                "stored_duplicated", "sdk_undelivered")
 
 
 class Nemesis:
@@ -103,7 +103,10 @@ class Nemesis:
         laps("final_sync")
         out: dict[str, Any] = {"namespace": self.cluster.ns, "seed": self.cfg.seed,
                                "tree": str(self.cfg.tree or "this checkout"),
-                               "settle_left": left, "final_sync_since": since}
+                               "settle_left": left, "final_sync_since": since,
+                               # acked, stored, but never given to the app by its SDK
+                               # (push or sync) while it stayed connected
+                               "sdk_undelivered": left["undelivered"]}
         out.update(_traffic_counts(h))
         out.update(checks.check_messages(h))
         out.update(checks.check_stored(await readback.stored_copies(self.cluster.mongo_url,

@@ -1,9 +1,11 @@
 """The cluster a nemesis run faults: ``nodes`` gateway node processes
 (``NodeProcess``: kill -9 is real) on fixed free ports (a restarted node keeps
 its ports), sharing a private redis-server (``PrivateServer``: killed and
-started again empty), a private SecantusDB (paused with SIGSTOP/SIGCONT; or the
-shared MongoDB-compatible server, then the pause is skipped) and the shared
-RabbitMQ, each node through its own ``TcpProxy`` (one node's link can be cut)."""
+started again empty) or a private 3-master Redis Cluster (``LocalRedisCluster``:
+one master killed and started again empty), a private SecantusDB (paused
+with SIGSTOP/SIGCONT; or the shared MongoDB-compatible server, then the pause
+is skipped) and the shared RabbitMQ, each node through its own ``TcpProxy``
+(one node's link can be cut)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import signal
 from urllib.parse import urlsplit
 
+from testkit.clusters import LocalRedisCluster
 from testkit.namespace import _delete_exchanges, _drop_database, new_namespace
 from testkit.nemesis.config import SECRET, NemesisConfig
 from testkit.nodes import NodeProcess, node_env
@@ -57,6 +60,7 @@ class Cluster:
         self.cfg = cfg
         self.ns = new_namespace("nem")
         self.redis: PrivateServer | None = None
+        self.redis_cluster: LocalRedisCluster | None = None
         self.mongo: PrivateServer | None = None
         self.slots: list[Slot] = []
         self.node_code: set[str] = set()
@@ -74,7 +78,10 @@ class Cluster:
         return proxy.url("amqp", f"{userinfo}@" if userinfo else "", u.path or "/")
 
     async def start(self) -> None:
-        self.redis = await PrivateServer("redis").start()
+        if self.cfg.redis_cluster:
+            self.redis_cluster = await LocalRedisCluster().start()
+        else:
+            self.redis = await PrivateServer("redis").start()
         if self.cfg.private_mongo:
             self.mongo = await PrivateServer("mongo").start()
         amqp_port = urlsplit(self.cfg.amqp_url).port or 5672
@@ -83,10 +90,14 @@ class Cluster:
         await asyncio.gather(*(self.start_node(s) for s in self.slots))
 
     def node_env(self, slot: Slot) -> dict[str, str]:
-        assert self.redis is not None
+        if self.redis_cluster is not None:
+            redis_url, cluster = self.redis_cluster.seeds, 1
+        else:
+            assert self.redis is not None
+            redis_url, cluster = self.redis.url, 0
         return node_env(namespace=self.ns, auth_secret=SECRET, ws_port=slot.ws_port,
                         http_port=slot.http_port, metrics_port=-1,
-                        redis_url=self.redis.url, redis_cluster=0, mongo_url=self.mongo_url,
+                        redis_url=redis_url, redis_cluster=cluster, mongo_url=self.mongo_url,
                         amqp_url=self.amqp_through(slot.proxy), heartbeat_s=0.5,
                         heartbeat_ttl_s=2.0, dep_timeout_s=1.0, room_rate_cap=0,
                         drain_timeout_s=5)
@@ -130,6 +141,9 @@ class Cluster:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(srv.proc.pid, signal.SIGCONT)
                 await srv.stop_and_clean()
+        if self.redis_cluster is not None:
+            with contextlib.suppress(Exception):
+                await self.redis_cluster.stop()
         await self._drop_leftovers()
 
     async def _drop_leftovers(self) -> None:

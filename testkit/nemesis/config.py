@@ -37,6 +37,7 @@ class NemesisConfig:
     room_interval: float = 1.0
     churn_interval: float = 1.5  # a random user's socket dropped this often (0: never)
     private_mongo: bool = True  # False: the shared server (no store pause)
+    redis_cluster: bool = False  # a private 3-master Redis Cluster instead of one Redis
     tree: Path | None = None  # the checkout the nodes run (default: this one)
     seed: int = 1
     settle_s: float = 25.0  # the most the checker waits for the cluster to settle

@@ -1,6 +1,7 @@
 """Applying the schedule's faults to the cluster and healing them, each with the
 evidence it took effect: ``kill9`` (SIGKILL a node, start it again), ``drain``
 (SIGTERM, wait for its exit, start it again), ``redis`` (SIGKILL the Redis,
+start it again empty), ``redis_master`` (on a Redis Cluster: kill one master,
 start it again empty), ``store_pause`` (SIGSTOP the store, SIGCONT),
 ``broker_cut`` (cut one node's RabbitMQ link at its proxy, restore)."""
 
@@ -37,6 +38,7 @@ class FaultInjector:
         self.timeline: list[tuple[float, str]] = []
         self._apply: dict[str, Callable[[Fault], Awaitable[None]]] = {
             "kill9": self._kill9, "drain": self._drain, "redis": self._redis_restart,
+            "redis_master": self._redis_master,
             "store_pause": self._store_pause, "broker_cut": self._broker_cut}
 
     def note(self, what: str) -> None:
@@ -92,6 +94,19 @@ class FaultInjector:
         await redis.start()
         assert redis.proc is not None
         f.evidence["pid_after"] = redis.proc.pid
+
+    async def _redis_master(self, f: Fault) -> None:
+        rc = self.cluster.redis_cluster
+        if rc is None:
+            f.skipped = "no Redis Cluster in this run"
+            f.t_heal = now()
+            return
+        f.evidence["port"] = rc.ports[f.node - 1]
+        await rc.stop_node(f.node)
+        f.evidence["state_on_master_down"] = await rc.state(f.node)  # "": it does not answer
+        await asyncio.sleep(f.duration)
+        await rc.start_node(f.node)  # returns once every master says ok
+        f.evidence["state_after"] = await rc.state(f.node)
 
     async def _store_pause(self, f: Fault) -> None:
         mongo = self.cluster.mongo

@@ -7,10 +7,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "NODE_KINDS", "Fault", "ci_schedule", "long_schedule"]
+__all__ = ["CLUSTER_KINDS", "KINDS", "NODE_KINDS", "Fault", "ci_schedule", "long_schedule"]
 
 KINDS = ("kill9", "drain", "redis", "store_pause", "broker_cut")
+CLUSTER_KINDS = ("kill9", "drain", "redis_master", "store_pause", "broker_cut")
 NODE_KINDS = ("kill9", "drain", "broker_cut")  # the kinds aimed at one node
+# redis_master: ``node`` is the Redis Cluster master (1..3) killed and started again
 
 
 @dataclass
@@ -29,11 +31,12 @@ class Fault:
     skipped: str | None = None
 
 
-def ci_schedule(nodes: int = 3) -> list[Fault]:
-    """Every kind once, over about 70 s (the pytest test)."""
-    return [Fault("kill9", 6, 4, 0), Fault("drain", 18, 3, 1 % nodes),
-            Fault("redis", 31, 4), Fault("store_pause", 44, 4),
-            Fault("broker_cut", 56, 6, 2 % nodes)]
+def ci_schedule(nodes: int = 3, redis_cluster: bool = False) -> list[Fault]:
+    """Every kind once, over about 70 s (the pytest test); on a Redis Cluster
+    one master is killed instead of the whole Redis."""
+    redis = Fault("redis_master", 31, 4, 2) if redis_cluster else Fault("redis", 31, 4)
+    return [Fault("kill9", 6, 4, 0), Fault("drain", 18, 3, 1 % nodes), redis,
+            Fault("store_pause", 44, 4), Fault("broker_cut", 56, 6, 2 % nodes)]
 
 
 def _durations(rng: random.Random) -> dict[str, float]:
@@ -44,9 +47,11 @@ def _durations(rng: random.Random) -> dict[str, float]:
             "broker_cut": rng.uniform(3, 8)}
 
 
-def long_schedule(seconds: float, seed: int, nodes: int = 3) -> list[Fault]:
+def long_schedule(seconds: float, seed: int, nodes: int = 3,
+                  redis_cluster: bool = False) -> list[Fault]:
     """Every kind in a shuffled order, again and again, one fault every ~14 s,
-    the last one healed at least 10 s before the end."""
+    the last one healed at least 10 s before the end (on a Redis Cluster a
+    master, drawn at random, instead of the whole Redis)."""
     rng = random.Random(seed)
     out: list[Fault] = []
     t = 6.0
@@ -56,5 +61,7 @@ def long_schedule(seconds: float, seed: int, nodes: int = 3) -> list[Fault]:
             if t + dur + 20 > seconds:
                 return out
             node = rng.randrange(nodes) if kind in NODE_KINDS else -1
+            if kind == "redis" and redis_cluster:
+                kind, node = "redis_master", 1 + int(t * 1000) % 3
             out.append(Fault(kind, round(t, 1), round(dur, 1), node))
             t += dur + rng.uniform(8, 12)

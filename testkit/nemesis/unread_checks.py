@@ -5,7 +5,8 @@ After the run each user reads every conversation up to a message picked at
 random; then ``/v1/conversations`` must give, per conversation:
 
 - 1:1: the peer's messages after the read mid, except those acked before a
-  Redis loss (docs/reference/chat.md, "Failure": unread counters and sets live
+  Redis loss (of the whole Redis, or of the Redis Cluster master holding the
+  user's keys) (docs/reference/chat.md, "Failure": unread counters and sets live
   only in Redis and restart from zero; messages unread at the flush are no
   longer counted). One acked while Redis was down (between its kill and
   restart) is counted as ambiguous and allowed either way.
@@ -25,6 +26,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.crc import key_slot
+
+from testkit.clusters import LocalRedisCluster
 from testkit.nemesis.history import History, Send, User
 
 __all__ = ["UnreadPlan", "plan_unread", "redis_outages", "unread_mismatches",
@@ -42,19 +46,24 @@ class UnreadPlan:
     ambiguous: int = 0  # 1:1 messages acked while Redis was down
 
 
-def redis_outages(h: History) -> list[tuple[float, float]]:
-    """(kill, restart) of every Redis fault applied."""
+def redis_outages(h: History, user: str | None = None) -> list[tuple[float, float]]:
+    """(kill, restart) of every Redis fault applied that lost ``user``'s keys:
+    the whole Redis, or the Redis Cluster master holding the user's slot (every
+    key of a user is tagged ``{user}``). ``user`` None: every Redis fault."""
+    slot = key_slot(f"{{{user}}}".encode()) if user is not None else None
     return [(f.t_start, f.t_heal) for f in h.faults
-            if f.kind == "redis" and f.t_start is not None and f.t_heal is not None]
+            if f.t_start is not None and f.t_heal is not None
+            and (f.kind == "redis" or (f.kind == "redis_master"
+                                       and (slot is None or LocalRedisCluster.owns(f.node, slot))))]
 
 
 def plan_unread(h: History, rng: random.Random, counters: dict[str, int]) -> list[UnreadPlan]:
     """Each user's plan, in user order (``rng`` picks the read marks;
     ``counters``: each group's seq counter in the store)."""
-    outages = redis_outages(h)
-    last_restart = max((heal for _, heal in outages), default=float("-inf"))
     plans = []
     for r in h.everyone:
+        outages = redis_outages(h, r.name)
+        last_restart = max((heal for _, heal in outages), default=float("-inf"))
         plan = UnreadPlan(r)
         _plan_dms(h, plan, rng, outages)
         for g in r.groups:

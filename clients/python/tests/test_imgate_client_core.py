@@ -153,6 +153,19 @@ def test_each_mid_is_delivered_once_by_push_or_sync():
     assert ib.remembered == 1  # only 20 is above the cursor
 
 
+def test_a_message_stored_late_below_the_cursor_is_delivered_by_its_push_once():
+    ib = Inbox(since=0)
+    ib.begin_sync()
+    out, _ = ib.on_sync_page({"msgs": [msg(10), msg(12)], "next": 13, "more": False})
+    assert [m["mid"] for m in out] == [10, 12] and ib.cursor == 13
+    assert ib.end_sync() == []
+    # 11 was in flight when the sync passed it (its send stalled): its push comes late.
+    assert ib.push(msg(11)) == msg(11) and ib.push(msg(11)) is None
+    assert ib.push(msg(12)) is None  # delivered by the sync: a repeat
+    assert ib.push(msg(9)) is None  # older than anything remembered: taken for a repeat
+    assert ib.remembered == 0  # none above the cursor
+
+
 def test_a_page_that_does_not_move_ends_the_sync():
     ib = Inbox()
     ib.begin_sync()

@@ -3,11 +3,12 @@ processes on a private Redis and a private SecantusDB, RabbitMQ through one
 proxy per node, 12 SDK clients (plus one probe pinned to each node) sending
 1:1, group and room messages, while, one after the other: a node is killed
 with SIGKILL and started again, one is drained (SIGTERM) and started again,
-Redis is killed and started again empty, the store is paused (SIGSTOP /
+Redis is killed and started again empty (on a private 3-master Redis Cluster:
+one master), the store is paused (SIGSTOP /
 SIGCONT), and one node's broker link is cut and restored. Then the checker:
 nothing acked lost, duplicated or reordered, no cmid acked twice, unread counts
 as docs/reference/chat.md says, no silent room gap, no deaf device; every fault
-applied, traffic acked during and after each. About two minutes in all.
+applied, traffic acked during and after each. About two minutes each.
 
 The longer run: ``python -m bench.nemesis --minutes N --seed S``.
 """
@@ -24,8 +25,10 @@ from testkit.nemesis import MUST_BE_ZERO, Nemesis, NemesisConfig, ci_schedule, d
 pytestmark = pytest.mark.own_redis
 
 
-async def test_delivery_guarantees_hold_through_a_fault_schedule(tmp_path):
-    cfg = NemesisConfig(seconds=75.0, schedule=ci_schedule(), seed=1, log_dir=tmp_path)
+@pytest.mark.parametrize("redis_cluster", [False, True], ids=["redis", "redis-cluster"])
+async def test_delivery_guarantees_hold_through_a_fault_schedule(tmp_path, redis_cluster):
+    cfg = NemesisConfig(seconds=75.0, schedule=ci_schedule(redis_cluster=redis_cluster),
+                        seed=1, log_dir=tmp_path, redis_cluster=redis_cluster)
     report = await Nemesis(cfg).run()
     dump(report, tmp_path / "nemesis-report.json")  # the whole report, beside the node logs
     print("\nnemesis:", json.dumps(summary(report)), "report:", tmp_path / "nemesis-report.json")
@@ -37,13 +40,17 @@ async def test_delivery_guarantees_hold_through_a_fault_schedule(tmp_path):
     for key in MUST_BE_ZERO:
         assert report[key] == 0, f"{key}: {report[key]}; {json.dumps(details)[:4000]}"
 
+    redis = "redis_master" if redis_cluster else "redis"
     faults = {f["kind"]: f for f in report["faults"]}
-    assert set(faults) == {"kill9", "drain", "redis", "store_pause", "broker_cut"}
+    assert set(faults) == {"kill9", "drain", redis, "store_pause", "broker_cut"}
     assert all(f["skipped"] is None for f in faults.values())
     # Each was applied: new pids, a stopped process, a cut proxy that refused the node.
-    for kind in ("kill9", "drain", "redis"):
+    for kind in ("kill9", "drain") if redis_cluster else ("kill9", "drain", "redis"):
         ev = faults[kind]["evidence"]
         assert ev["pid_after"] != ev["pid_before"], (kind, ev)
+    if redis_cluster:  # the master did not answer, then the cluster was whole again
+        ev = faults["redis_master"]["evidence"]
+        assert ev["state_on_master_down"] == "" and ev["state_after"] == "ok", ev
     assert faults["kill9"]["evidence"]["exit_code"] == -9
     assert faults["drain"]["evidence"]["exit_code"] == 0
     assert faults["store_pause"]["evidence"]["state_paused"] == "T"

@@ -13,7 +13,7 @@ from redis.crc import key_slot
 
 from testkit.clusters import LocalRedisCluster
 from testkit.poll import until
-from tests.conftest import uid
+from tests.conftest import RUN_NS, uid
 from tests.integration.store.test_dependency_failures import until_acked
 
 
@@ -71,3 +71,36 @@ async def _is(state, want: str) -> bool:
 
 async def _status(client, code: int) -> bool:
     return (await client.get("/healthz")).status_code == code
+
+
+@pytest.mark.own_redis
+async def test_routes_lost_with_a_master_are_written_again_and_pushes_reach_the_device(
+        cluster, make_node, connect):
+    """The master holding a device's route restarts empty while the device stays
+    connected. The lease lives on another master, so only the node's canary on
+    that master tells it: its next beat rewrites its routes and replays, and a
+    1:1 message from another node reaches the device by push."""
+    n1 = await make_node(redis_url=cluster.seeds, redis_cluster=1, dep_timeout_s=1.0)
+    n2 = await make_node(redis_url=cluster.seeds, redis_cluster=1, dep_timeout_s=1.0,
+                         heartbeat_s=3600.0)  # beats when the test says (n2.beat())
+    # b's keys on another master than n2's lease (whose loss the lease would tell).
+    number = int(n2.name[1:].split("-")[0])
+    lease = key_slot(f"{RUN_NS}:nodeid:{number}".encode())
+    a, b = uid("a"), uid("b")
+    while any(cluster.owns(n, lease) and cluster.owns(n, key_slot(f"{{{b}}}".encode()))
+              for n in (1, 2, 3)):
+        b = uid("b")
+    ca, cb = await connect(n1, a), await connect(n2, b)
+    first = await until_acked(ca, "send", to=b, cmid="before", body=0)
+    assert (await cb.next_push("msg"))["mid"] == first["mid"]  # routed: b's route is written
+
+    victim = next(n for n in (1, 2, 3) if cluster.owns(n, key_slot(f"{{{b}}}".encode())))
+    await cluster.stop_node(victim)
+    await cluster.start_node(victim)  # empty: b's route is gone
+    ack = await until_acked(ca, "send", to=b, cmid="after", body=1)
+
+    await n2.beat()  # its canary on that master is gone: routes again, then the replay
+    push = await cb.next_push("msg", timeout=10)
+    assert (push["mid"], push["body"]) == (ack["mid"], 1)
+    again = await until_acked(ca, "send", to=b, cmid="later", body=2)
+    assert (await cb.next_push("msg", timeout=10))["mid"] == again["mid"]  # routed again

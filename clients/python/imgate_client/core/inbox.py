@@ -5,10 +5,13 @@ and sync pages and sends what it says.
 
 The cursor only moves with the sync's ``next``: a push is not proof that every
 lower mid arrived (pushes may be skipped, or arrive out of ``mid`` order), so
-it never moves the cursor. Every mid at or below the cursor was delivered by a
-sync; above it, the mids delivered are remembered (at most ``window``; a sync
-moves the cursor and forgets those below it, and ``wants_sync`` asks for one
-when half the window is used). A mid seen twice, by push or by sync, is
+it never moves the cursor. The mids delivered are remembered, the newest
+``window`` of them, below the cursor too: a message stored late (a dependency
+stalled its send, so it was acked after a sync's cursor had passed its mid)
+still comes by push, and is delivered if it is newer than the oldest mid
+remembered and not among them. A mid older than all of them and at or below
+the cursor is taken for a repeat. ``wants_sync`` asks for a sync when half the
+window is mids above the cursor. A mid seen twice, by push or by sync, is
 delivered once.
 """
 
@@ -32,6 +35,7 @@ class Inbox:
         self.max_pages = max_pages
         self._seen: set[int] = set()
         self._heap: list[int] = []  # the same mids, smallest first, for forgetting
+        self._above = 0  # of them, those above the cursor
         self._held: list[Frame] | None = None  # pushes during a sync
         self._pages = 0
         self.evicted = 0  # mids forgotten for room before a sync covered them
@@ -40,26 +44,35 @@ class Inbox:
     def fresh(self, mid: int) -> bool:
         """True the first time ``mid`` is offered (and remembers it); False for a repeat
         or a mid at or below the cursor."""
-        if mid <= self.cursor or mid in self._seen:
+        if self.seen(mid):
             return False
         self._seen.add(mid)
         heapq.heappush(self._heap, mid)
+        self._above += mid > self.cursor
         while len(self._seen) > self.window:
-            self._seen.discard(heapq.heappop(self._heap))
-            self.evicted += 1
+            gone = heapq.heappop(self._heap)
+            self._seen.discard(gone)
+            if gone > self.cursor:
+                self._above -= 1
+                self.evicted += 1  # forgotten before a sync covered it
         return True
 
     def seen(self, mid: int) -> bool:
-        return mid <= self.cursor or mid in self._seen
+        """Delivered already, or taken for a repeat: at or below the cursor and
+        older than every mid remembered."""
+        if mid in self._seen:
+            return True
+        return mid <= self.cursor and (not self._heap or mid < self._heap[0])
 
     @property
     def remembered(self) -> int:
-        return len(self._seen)
+        """The mids remembered above the cursor (those a sync would cover)."""
+        return self._above
 
     @property
     def wants_sync(self) -> bool:
-        """Half the window is used: a sync would move the cursor and free it."""
-        return len(self._seen) >= self.window // 2 and self._held is None
+        """Half the window is mids above the cursor: a sync would cover them."""
+        return self._above >= self.window // 2 and self._held is None
 
     # -- pushes ----------------------------------------------------------------
     def push(self, frame: Frame) -> Frame | None:
@@ -98,8 +111,7 @@ class Inbox:
         moved = isinstance(nxt, int) and nxt > self.cursor
         if moved:
             self.cursor = nxt  # type: ignore[assignment]
-            while self._heap and self._heap[0] <= self.cursor:
-                self._seen.discard(heapq.heappop(self._heap))
+            self._above = sum(1 for m in self._seen if m > self.cursor)
         self._pages += 1
         return out, bool(page.get("more")) and moved and self._pages < self.max_pages
 
