@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -283,3 +284,19 @@ async def redis_guard() -> AsyncIterator[None]:
         # one line in the log, no traceback.
         log.warning("redis client error taken as unavailable: %s", exc)
         raise Unavailable("redis", type(exc).__name__) from exc
+    except AttributeError as exc:
+        # The same, from inside the driver: a connection closed under a pipeline
+        # still connecting ('NoneType' object has no attribute 'writelines').
+        # Raised by our own code, it is a bug, and goes up as one.
+        if not _raised_in_driver(exc):
+            raise
+        log.warning("redis client error taken as unavailable: %s", exc)
+        raise Unavailable("redis", type(exc).__name__) from exc
+
+
+def _raised_in_driver(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside the redis package (its last frame)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename

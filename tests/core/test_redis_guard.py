@@ -38,3 +38,24 @@ async def test_other_errors_pass_through() -> None:
     with pytest.raises(KeyError):
         async with redis_guard():
             raise KeyError("a bug is a bug")
+
+
+def _raise_from(filename: str) -> None:
+    """An AttributeError whose last frame is in ``filename``."""
+    code = compile("def broken():\n    None.writelines([])\n", filename, "exec")
+    scope: dict[str, object] = {}
+    exec(code, scope)
+    scope["broken"]()  # type: ignore[operator]
+
+
+async def test_an_attribute_error_from_inside_the_driver_is_unavailable() -> None:
+    with pytest.raises(Unavailable) as info:
+        async with redis_guard():
+            _raise_from("/site-packages/redis/asyncio/connection.py")
+    assert str(info.value) == "redis unavailable: AttributeError"
+
+
+async def test_an_attribute_error_of_our_own_is_a_bug_and_passes_through() -> None:
+    with pytest.raises(AttributeError):
+        async with redis_guard():
+            _raise_from("/work/store/offline_redis.py")

@@ -535,6 +535,11 @@ class Client(Rooming, Ops, Syncing):
             except Disconnected:
                 if not retry:
                     raise
+                if self._conn is conn:
+                    # Closed, and its reader has not said so yet: let it run (a bare
+                    # `continue` would take this same connection again without
+                    # ever yielding, and spin the event loop).
+                    await asyncio.sleep(0.05)
                 continue
             if reply.get("op") == "error":
                 if retry and reply.get("code") == "unavailable" and deadline - loop.time() > 0.5:
