@@ -101,8 +101,9 @@ class AmqpNodes:
             try:
                 result = await attempt(i)
             except Exception as exc:  # noqa: BLE001 - any failure: try the next node
-                failures.append(f"{self.shown(i)}: {type(exc).__name__}")
-                self._failed(i, exc)
+                failures.append(f"{self.shown(i)}: {self._cause(i, exc)}")
+                last = step == len(self.urls) - 1
+                self._failed(i, exc, None if last else self.shown((i + 1) % len(self.urls)))
                 continue
             self.index = i
             return result
@@ -121,7 +122,7 @@ class AmqpNodes:
             except BrokerUnavailable as exc:
                 if stopping():
                     break
-                self.log.info("%s; next round in %.1fs", exc, delay)
+                self.log.warning("%s; next round in %.1fs", exc, delay)
                 if await pause(delay):
                     break
                 delay = min(delay * 2, self.max_delay_s)
@@ -141,11 +142,20 @@ class AmqpNodes:
             self.failovers += 1
         return result
 
-    def _failed(self, index: int, exc: Exception) -> None:
+    def _cause(self, index: int, exc: Exception) -> str:
+        """``Class: message`` of a failed attempt, the URL's password masked, short."""
         url = self.urls[index]
-        shown = mask_password(url)
-        what = f"{type(exc).__name__}: {str(exc).replace(url, shown)}"
-        if isinstance(exc, EXPECTED):
-            self.log.warning("RabbitMQ at %s: setup failed (%s)", shown, what)
-        else:
+        text = str(exc).replace(url, mask_password(url)).strip()
+        return f"{type(exc).__name__}: {text[:120]}" if text else type(exc).__name__
+
+    def _failed(self, index: int, exc: Exception, next_url: str | None) -> None:
+        """One line per failed attempt: the cause and the URL tried next (the last
+        of a round says nothing here: the round's line, with the backoff, follows).
+        An error of an unexpected kind is a bug: logged with its traceback."""
+        shown = mask_password(self.urls[index])
+        what = self._cause(index, exc)
+        if not isinstance(exc, EXPECTED):
             self.log.error("RabbitMQ at %s: setup failed (%s)", shown, what, exc_info=exc)
+        elif next_url is not None:
+            self.log.warning("RabbitMQ at %s: setup failed (%s); trying %s next", shown, what,
+                             next_url)
