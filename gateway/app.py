@@ -16,11 +16,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
 from core.ids import MidGenerator
+from core.inflight import InFlight
 from gateway import frames
 from gateway.auth import TokenVerifier
 from gateway.bindings import Bindings
@@ -98,6 +99,8 @@ class App:
     presence: PresenceWatch
     watchers: PresenceSubs
     stuck_close_s: float = 30.0  # a socket skipped for backlog this long is closed
+    inflight: InFlight = field(default_factory=InFlight)  # this node's sends (core.inflight)
+    marks: dict[str, int] = field(default_factory=dict)  # the other nodes' oldest in flight
 
     async def start(self) -> None:
         """Connect to the broker (raises if it cannot), start background work."""
@@ -182,14 +185,21 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     metrics.watch_broker(router.broker_status)
     mids = MidGenerator(number)
     claims = Claims(stores.dedup, observe=metrics.stage_observer("dedup"), **batch)
+    inflight = InFlight()
     chat = ChatService(claims, stores.messages, stores.offline, stores.routes, mids,
-                       ChatLimits.from_settings(s), metrics)
+                       ChatLimits.from_settings(s), metrics, inflight)
     diffusion = GroupDiffusion(stores.group_cache, stores.messages, stores.offline)
     groups = GroupService(stores.groups, stores.group_cache, claims, mids, diffusion,
-                          stores.offline, GroupLimits.from_settings(s), metrics)
+                          stores.offline, GroupLimits.from_settings(s), metrics, inflight)
     group_admin = GroupAdmin(stores.groups, stores.group_cache, router,
                              AdminLimits.from_settings(s))
-    conversations = Conversations(chat, groups, s.sync_settle_ms)
+    marks: dict[str, int] = {}  # the other nodes' oldest mid in flight (Node shares them)
+
+    def low_mark() -> int | None:
+        own = inflight.oldest(time.monotonic())
+        return min([*marks.values(), *([own] if own is not None else [])], default=None)
+
+    conversations = Conversations(chat, groups, s.sync_settle_ms, low_mark)
     live = LiveRooms(name, RoomRules.from_settings(s), metrics, room_hub, router, stores.rooms,
                      bindings,
                      stores.sanctions, stores.room_history)
@@ -247,7 +257,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         raise RuntimeError(f"controls without a handler: {', '.join(missing)}")
     app = App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
               conversations, live, feed, registry, replay, sessions, http, events, watch,
-              watchers, stuck_close_s=s.stuck_close_s)
+              watchers, stuck_close_s=s.stuck_close_s, inflight=inflight, marks=marks)
     router.when_resumed(lambda _lost_at: bindings.resumed(app.keys_in_use))  # checked again
     return app
 

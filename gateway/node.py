@@ -38,6 +38,7 @@ __all__ = ["Node", "StartupError"]
 
 log = logging.getLogger("gateway.node")
 REWRITE_RETRY_S = 0.25  # routes lost with Redis: the rewrite is tried again this often
+INFLIGHT_SHARE_S = 0.5  # how often the oldest mid in flight is shared (core.inflight)
 
 
 class StartupError(Exception):
@@ -76,6 +77,7 @@ class Node:
         self._held_at = 0.0  # monotonic time the lease was last confirmed
         self._beat_ok_at = time.time()  # unix time of the last beat Redis answered
         self._routes_lost_after: float | None = None  # set while routes are to be rewritten
+        self._dead_marks: list[str] = []  # dead nodes' in-flight entries, dropped next time
         self._app: App | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._ws_server: Server | None = None
@@ -122,6 +124,11 @@ class Node:
         await self._listen(app)
         self._tasks.append(asyncio.create_task(self._every("room housekeeping",
                                                            s.room_report_s, app.tick)))
+        # Every half second: a send in flight longer than that (and than the
+        # sync settle time, 1 s by default) holds every node's sync cursors.
+        self._tasks.append(asyncio.create_task(self._every(
+            "sharing sends in flight", min(s.heartbeat_s, INFLIGHT_SHARE_S),
+            self._share_inflight)))
         self._tasks.append(asyncio.create_task(self._watch_lag()))
         log.info("node %s serving ws=%s:%d http=%s:%d metrics=%s namespace=%s", self.name,
                  s.host, self.ws_port, s.host, self.http_port,
@@ -262,6 +269,21 @@ class Node:
             self._routes_lost_after = None
             app.replay.resumed(lost_after, "Redis lost the routes")
             app.live.rewrite_counts()
+
+    async def _share_inflight(self) -> None:
+        """This node's oldest mid in flight to the others, theirs here (the live
+        ones: a dead node's sends died with it, and its entry is dropped)."""
+        app = self.app
+        try:
+            shared = await self.stores.nodes.share_inflight(
+                self.name, app.inflight.oldest(time.monotonic()), self._dead_marks)
+        except Unavailable:
+            return  # Redis is down: the heartbeat says so; no send completes meanwhile
+        now = time.time()
+        others = {n: m for n, m in shared.items() if n != self.name}
+        self._dead_marks = [n for n in others if not app.router.is_alive(n, now)]
+        app.marks.clear()
+        app.marks.update({n: m for n, m in others.items() if n not in self._dead_marks})
 
     async def healthy(self) -> bool:
         """Serving: not draining, the broker link up (its state, no I/O), Redis

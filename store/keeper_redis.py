@@ -57,7 +57,7 @@ class LeaseKeeperRedis:
         self._renew = Lua("lease_renew.lua")
         self._lock = threading.Lock()  # one beat at a time (the thread's, or beat_once's)
         self._canaries: dict[str, str] = {}  # master "host:port" -> canary key on it
-        self._canaries_set = False  # every canary written once: a vanished one means a loss
+        self._canaries_set = False  # written once: from then on a vanished one means a loss
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -116,14 +116,16 @@ class LeaseKeeperRedis:
         before had vanished (that master restarted empty, or was replaced)."""
         primaries = r.get_primaries()  # type: ignore[no-untyped-call]
         masters = {f"{n.host}:{n.port}" for n in primaries}
-        if masters != set(self._canaries):  # topology changed: pick keys anew
+        # The masters changed (one failed and left the client's view, or came
+        # back): whatever it held may be gone, so that counts as a loss too.
+        changed = masters != set(self._canaries)
+        if changed:
             self._canaries = self._pick_canaries(r, masters)
-            self._canaries_set = False
         gone = False
         for key in self._canaries.values():
             old = r.set(key, "1", ex=self.lease_ttl_s, get=True)
             gone = gone or old is None
-        lost = gone and self._canaries_set
+        lost = (gone or changed) and self._canaries_set
         self._canaries_set = True
         return lost
 

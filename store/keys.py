@@ -177,3 +177,7 @@ class Keys:
     def nodes(self) -> str:
         """Sorted set: node name -> heartbeat expiry (unix seconds)."""
         return f"{self.ns}:nodes"
+
+    def inflight(self) -> str:
+        """Sorted set: node name -> the oldest mid its sends may still store."""
+        return f"{self.ns}:inflight"

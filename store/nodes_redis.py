@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
 
 from core.ids import MAX_NODE_ID
 from store.errors import Unavailable
@@ -61,3 +62,21 @@ class NodeDirectoryRedis:
         grace) instead of when its heartbeat would have lapsed."""
         async with redis_guard():
             await self.redis.zadd(self.keys.nodes(), {node: time.time()})
+            await self.redis.zrem(self.keys.inflight(), node)
+
+    async def share_inflight(self, node: str, oldest: int | None,
+                             forget: Sequence[str] = ()) -> dict[str, int]:
+        """Publish this node's oldest mid in flight (None: none), drop the entries
+        of ``forget`` (dead nodes), and read every node's (one round trip)."""
+        key = self.keys.inflight()
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            if oldest is None:
+                pipe.zrem(key, node)
+            else:
+                pipe.zadd(key, {node: oldest})
+            if forget:
+                pipe.zrem(key, *forget)
+            pipe.zrange(key, 0, -1, withscores=True)
+            *_, marks = await pipe.execute()
+        return {n.decode(): int(score) for n, score in marks}

@@ -182,6 +182,11 @@ class NodeDirectory(Protocol):
 
     async def leave(self, node: str) -> None: ...
 
+    async def share_inflight(self, node: str, oldest: int | None,
+                             forget: Sequence[str] = ()) -> dict[str, int]:
+        """Publish ``node``'s oldest mid in flight, drop ``forget``'s, read all."""
+        ...
+
 
 class LeaseKeeper(Protocol):
     """Renews the lease and the heartbeat from a thread of its own, so nothing

@@ -20,6 +20,7 @@ from core import dedup
 from core.batcher import Batcher
 from core.errors import Unavailable
 from core.ids import mid_time_ms
+from core.inflight import InFlight
 from core.paging import seek_page
 from gateway.chat.claims import Claims
 from gateway.config import Settings
@@ -81,8 +82,9 @@ class ChatService:
 
     def __init__(self, claims: Claims, messages: MessageStore, offline: OfflineStore,
                  routes: RouteStore, mids: IdSource, limits: ChatLimits,
-                 metrics: NodeMetrics) -> None:
+                 metrics: NodeMetrics, inflight: InFlight | None = None) -> None:
         self.claims = claims
+        self.inflight = inflight if inflight is not None else InFlight()
         self.messages = messages
         self.offline = offline
         self.routes = routes
@@ -115,13 +117,24 @@ class ChatService:
                 self.metrics.sends.labels("duplicate").inc()
                 return await self._repeat(prior.mid)
             mid = prior.mid  # in flight or failed earlier: redo it under the same mid
-        msg = ChatMessage(mid, sender, to, cmid, body)
-        stored = await self._writes.submit(msg)
-        if stored != mid:  # MongoDB already had this cmid under its original mid
-            msg = replace(msg, mid=stored)
-            mid = stored
-        frame = encode(msg_frame(msg))
-        routes = await self._deliveries.submit(_Outgoing(msg, frame))
+        inflight = [mid]
+        self.inflight.add(mid)  # sync cursors stay below it until it is acked
+        try:
+            msg = ChatMessage(mid, sender, to, cmid, body)
+            stored = await self._writes.submit(msg)
+            if stored != mid:  # MongoDB already had this cmid under its original mid
+                msg = replace(msg, mid=stored)
+                mid = stored
+                inflight.append(mid)
+                self.inflight.add(mid)
+            frame = encode(msg_frame(msg))
+            routes = await self._deliveries.submit(_Outgoing(msg, frame))
+        except BaseException:
+            for m in inflight:
+                self.inflight.failed(m, time.monotonic())
+            raise
+        for m in inflight:
+            self.inflight.done(m)
         self.metrics.sends.labels("stored").inc()
         return SendResult(mid, mid_time_ms(mid), frame, *routes)
 

@@ -29,6 +29,7 @@ from core import dedup, groupseq, inbox
 from core.batcher import Batcher
 from core.errors import Unavailable
 from core.ids import mid_time_ms
+from core.inflight import InFlight
 from core.paging import seek_page
 from gateway.chat.claims import Claims
 from gateway.chat.service import REPUSH_WINDOW_S, IdSource
@@ -91,8 +92,9 @@ class GroupService:
 
     def __init__(self, store: GroupStore, cache: GroupCache, claims: Claims, mids: IdSource,
                  diffusion: GroupDiffusion, offline: OfflineStore, limits: GroupLimits,
-                 metrics: NodeMetrics) -> None:
+                 metrics: NodeMetrics, inflight: InFlight | None = None) -> None:
         self.store = store
+        self.inflight = inflight if inflight is not None else InFlight()
         self.cache = cache
         self.claims = claims
         self.mids = mids
@@ -125,8 +127,14 @@ class GroupService:
             if prior.acked:
                 raise ProtocolError("bad_request", "cmid was used for a 1:1 message")
             mid = prior.mid
-        done = await self._writes.submit(_Pending(group, sender, cmid, body, mid))
-        m = done.msg
+        self.inflight.add(mid)  # sync cursors stay below it until it is acked
+        try:
+            done = await self._writes.submit(_Pending(group, sender, cmid, body, mid))
+        except BaseException:
+            self.inflight.failed(mid, time.monotonic())
+            raise
+        self.inflight.done(mid)
+        m = done.msg  # for a resend MongoDB already had: its original mid
         return GroupSendResult(m.mid, m.seq, mid_time_ms(m.mid), done.frame, m.wd)
 
     async def _repeat(self, group: str, mid: int, seq: int) -> GroupSendResult:

@@ -8,6 +8,7 @@ and ``GroupService`` for their halves.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +31,13 @@ class SyncPage:
 
 
 class Conversations:
-    def __init__(self, chat: ChatService, groups: GroupService, sync_settle_ms: int) -> None:
+    def __init__(self, chat: ChatService, groups: GroupService, sync_settle_ms: int,
+                 low_mark: Callable[[], int | None] = lambda: None) -> None:
         self.chat = chat
         self.groups = groups
         self.sync_settle_ms = sync_settle_ms
+        # The oldest mid a send on any node may still store (``core.inflight``).
+        self.low_mark = low_mark
 
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
         """Read up to ``mid``; returns the conversation's unread count after it."""
@@ -54,6 +58,9 @@ class Conversations:
         extra = await self.groups.sync_rd(user, since, limit + 1)
         msgs, mids, more = inbox.merge_sync(rows, extra, limit)
         horizon = mid_for_time_ms(int(time.time() * 1000) - self.sync_settle_ms)
+        low = self.low_mark()
+        if low is not None:
+            horizon = min(horizon, low - 1)
         return SyncPage(msgs, next_cursor(since, mids, more, horizon), more)
 
     async def conversations(self, user: str, limit: int) -> dict[str, Any]:

@@ -5,13 +5,17 @@ history dispatch on ``g:``. No servers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
 
+from core import dedup
+from core.errors import Unavailable
 from gateway.config import Settings
+from gateway.inbox.conversations import Conversations
 from tests.core.world import World, build
 
 PAST_MS = 1_750_000_000_000  # the mids' clock: long settled (sync cursors may pass them)
@@ -113,3 +117,27 @@ async def test_read_and_history_dispatch_on_the_group_prefix(world: World) -> No
     page, cursor = await world.conversations.history("bob", "alice", None, 5)
     assert [(f["op"], f["mid"]) for f in page] == [("msg", a[1]), ("msg", a[0])]
     assert cursor is None
+
+
+async def test_sync_cursors_stay_below_a_send_that_may_still_land(world: World) -> None:
+    chat = world.chat
+    first = (await chat.send("alice", "bob", "d1", "d1")).mid
+    world.stores.messages.fail("store_batch")  # the store stalls: the send fails...
+    with pytest.raises(Unavailable):
+        await chat.send("erin", "bob", "d2", "d2")
+    stalled = world.stores.dedup.values[("erin", "d2")]  # ...under a mid claimed pending
+    world.stores.messages.heal()
+    third = (await chat.send("alice", "bob", "d3", "d3")).mid
+
+    # d2's mid may still land (a late write, a resend under it): the cursor stops below it.
+    low = world.chat.inflight.oldest(time.monotonic())
+    assert low is not None and first < low < third and stalled == dedup.pending(low)
+    conversations = Conversations(chat, world.groups, 0, lambda: chat.inflight.oldest(
+        time.monotonic()))
+    page = await conversations.sync("bob", 0, 10)
+    assert [plain(m)["body"] for m in page.msgs] == ["d1", "d3"] and page.next == first
+
+    resent = await chat.send("erin", "bob", "d2", "d2")  # lands under the same mid
+    assert resent.mid == low and chat.inflight.oldest(time.monotonic()) is None
+    page = await conversations.sync("bob", page.next, 10)
+    assert [plain(m)["body"] for m in page.msgs] == ["d2", "d3"] and page.next == third
