@@ -18,6 +18,8 @@ import logging
 import time
 from typing import Protocol
 
+import orjson
+
 from core.errors import Unavailable
 from core.ids import mid_for_time_ms
 from gateway.chat.service import SendResult
@@ -27,9 +29,12 @@ from gateway.hub import Client, Hub
 from gateway.metrics import NodeMetrics
 from store.ports import OfflineStore
 
-__all__ = ["Pusher", "Replay", "push_group_sent", "push_sent"]
+__all__ = ["Pusher", "Replay", "entries_since", "push_group_sent", "push_sent"]
 
 log = logging.getLogger("gateway.delivery")
+
+REPLAY_PAGE = 200  # offline entries read per user and round trip when replaying
+REPLAY_MAX = 2000  # per user and replay: an outage longer than that is in sync
 
 
 class Pusher(Protocol):
@@ -73,6 +78,22 @@ def push_group_sent(pusher: Pusher, events: Events | None, sender: str, group: s
         events.group_msg(group, result.mid, result.seq, sender, body, diffused=result.diffused)
 
 
+async def entries_since(offline: OfflineStore, users: list[str], since: int
+                        ) -> list[list[bytes]]:
+    """Each user's offline entries after ``since``, oldest first: pages of
+    ``REPLAY_PAGE``, a user with a full page read on (an outage of a few seconds
+    can hold more than a page), up to ``REPLAY_MAX`` each (past that the device
+    has the rest by sync)."""
+    out = await offline.recent(users, since, REPLAY_PAGE)
+    for user, rows in zip(users, out, strict=True):
+        page = rows
+        while len(page) == REPLAY_PAGE and len(rows) < REPLAY_MAX:
+            last = int(orjson.loads(page[-1])["mid"])
+            [page] = await offline.recent([user], last, REPLAY_PAGE)
+            rows.extend(page)
+    return out
+
+
 class Replay:
     """Pushes that may have been lost, again from the offline store (clients drop
     repeats by mid): after a broker outage, to every local user; after a device's
@@ -104,7 +125,7 @@ class Replay:
 
     async def _replay_one(self, client: Client, since: int) -> None:
         try:
-            [rows] = await self.offline.recent([client.user], since, 200)
+            [rows] = await entries_since(self.offline, [client.user], since)
         except Unavailable as exc:
             log.warning("replay to a late-registered device failed: %s", exc)
             return
@@ -116,7 +137,7 @@ class Replay:
         for i in range(0, len(users), 500):
             chunk = users[i:i + 500]
             try:
-                frames = await self.offline.recent(chunk, since, 200)
+                frames = await entries_since(self.offline, chunk, since)
             except Unavailable as exc:
                 log.warning("replay after %s failed: %s", why, exc)
                 return

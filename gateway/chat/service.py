@@ -116,7 +116,10 @@ class ChatService:
             if prior.acked:  # acked before: same mid, nothing stored
                 self.metrics.sends.labels("duplicate").inc()
                 return await self._repeat(prior.mid)
-            mid = prior.mid  # in flight or failed earlier: redo it under the same mid
+            # In flight or failed earlier (maybe on a node that died): redone under
+            # this send's fresh mid, as the old one may be below sync cursors handed
+            # out meanwhile; MongoDB's unique (from, cmid) gives back the old one if
+            # that attempt stored the message.
         inflight = [mid]
         self.inflight.add(mid)  # sync cursors stay below it until it is acked
         try:

@@ -126,7 +126,7 @@ class GroupService:
                 return await self._repeat(group, prior.mid, prior.seq)
             if prior.acked:
                 raise ProtocolError("bad_request", "cmid was used for a 1:1 message")
-            mid = prior.mid
+            # In flight or failed earlier: a fresh mid, as for 1:1 (ChatService.send).
         self.inflight.add(mid)  # sync cursors stay below it until it is acked
         try:
             done = await self._writes.submit(_Pending(group, sender, cmid, body, mid))

@@ -106,7 +106,12 @@ class Cluster:
         """Start the slot's node (again), retrying while its ports linger."""
         log = (self.cfg.log_dir / f"node{slot.index}.log") if self.cfg.log_dir else None
         last: Exception | None = None
-        for _ in range(20):  # a port just freed by a killed node may linger a moment
+        # A port just freed by a killed node may linger a moment, and a node exits
+        # at once when a store does not answer at its start (SecantusDB, busy
+        # with the syncs that follow a Redis loss, can take many seconds): tried
+        # again, as a supervisor would, for up to 90 s.
+        deadline = asyncio.get_running_loop().time() + 90
+        while asyncio.get_running_loop().time() < deadline:
             proc = NodeProcess(self.node_env(slot), log_path=log, tree=self.cfg.tree)
             try:
                 await proc.start(timeout=30)

@@ -16,6 +16,7 @@ from core import dedup
 from core.errors import Unavailable
 from gateway.config import Settings
 from gateway.inbox.conversations import Conversations
+from store.records import ChatMessage
 from tests.core.world import World, build
 
 PAST_MS = 1_750_000_000_000  # the mids' clock: long settled (sync cursors may pass them)
@@ -137,7 +138,14 @@ async def test_sync_cursors_stay_below_a_send_that_may_still_land(world: World) 
     page = await conversations.sync("bob", 0, 10)
     assert [plain(m)["body"] for m in page.msgs] == ["d1", "d3"] and page.next == first
 
-    resent = await chat.send("erin", "bob", "d2", "d2")  # lands under the same mid
-    assert resent.mid == low and chat.inflight.oldest(time.monotonic()) is None
+    # A late write of the stalled attempt lands under its mid (the store answered
+    # too late): the cursor had not passed it, so the next sync returns it.
+    late = ChatMessage(low, "erin", "bob", "d2", "d2")
+    await world.stores.messages.store_batch([late])
+    resent = await chat.send("erin", "bob", "d2", "d2")  # the resend finds it stored
+    assert resent.mid == low
     page = await conversations.sync("bob", page.next, 10)
-    assert [plain(m)["body"] for m in page.msgs] == ["d2", "d3"] and page.next == third
+    assert [plain(m)["body"] for m in page.msgs] == ["d2", "d3"]
+    assert chat.inflight.oldest(time.monotonic() + 31) is None  # the linger is over
+    page = await conversations.sync("bob", page.next, 10)
+    assert page.next == third
