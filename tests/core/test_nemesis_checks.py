@@ -161,7 +161,19 @@ def test_a_deaf_push_is_found_and_only_when_owed():
     deaf = check_deaf(h)
     assert deaf["deaf_pushes"] == 1 and deaf["details_deaf"][0]["gen"] == 1
     b.conns[1].t_close = 3.0  # gone before the push was due (ack + 3 s): not owed
-    assert check_deaf(h) == {"deaf_pushes": 0, "pushes_owed": 0, "details_deaf": []}
+    assert check_deaf(h) == {"deaf_pushes": 0, "pushes_owed": 0, "pushes_lost_with_node": 0,
+                             "details_deaf": []}
+
+
+def test_a_push_lost_with_its_node_killed_at_the_ack_is_counted_apart():
+    # sent() acks at t + 0.1 = 1.1 on node 0: a kill -9 of node 0 at 1.12 is in the window
+    h, a, b = world([Fault("kill9", 1.12, 2, 0, t_start=1.12, t_heal=3.12)])
+    sent(a, b, 0, 10, t=1.0, pushed=False)
+    got = check_deaf(h)
+    assert (got["deaf_pushes"], got["pushes_lost_with_node"]) == (0, 1)
+    h.faults[0].t_start = 1.3  # well after the ack: the push had left; deaf
+    got = check_deaf(h)
+    assert (got["deaf_pushes"], got["pushes_lost_with_node"]) == (1, 0)
 
 
 def test_a_fault_over_the_send_moves_when_the_push_is_owed():
