@@ -281,9 +281,14 @@ class Node:
             return  # Redis is down: the heartbeat says so; no send completes meanwhile
         now = time.time()
         others = {n: m for n, m in shared.items() if n != self.name}
-        self._dead_marks = [n for n in others if not app.router.is_alive(n, now)]
+        # Only nodes whose heartbeat is seen and current count: an entry left by
+        # a node that closed, or one this node never saw beat, must not hold
+        # every cursor back.
+        seen = app.router.live
+        live = {n for n in others if seen.get(n, 0.0) > now}
+        self._dead_marks = [n for n in others if n in seen and n not in live]
         app.marks.clear()
-        app.marks.update({n: m for n, m in others.items() if n not in self._dead_marks})
+        app.marks.update({n: m for n, m in others.items() if n in live})
 
     async def healthy(self) -> bool:
         """Serving: not draining, the broker link up (its state, no I/O), Redis
