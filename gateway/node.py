@@ -347,6 +347,9 @@ class Node:
             ("background tasks", lambda: asyncio.gather(*self._tasks, return_exceptions=True)),
             ("http listener", self._close_http),
             *(self._app.closers() if self._app is not None else []),
+            # Its sends are over: its mark must not hold the others' sync
+            # cursors until its heartbeat lapses.
+            ("in-flight mark", lambda: self.stores.nodes.share_inflight(self.name, None)),
             ("lease keeper", self._stop_keeper),
             ("node lease", self.lease.release),
             ("stores", self.stores.close),
