@@ -109,9 +109,10 @@ class App:
         self.events.start()
         self.presence.start()
 
-    def beat(self, live: dict[str, float]) -> None:
-        """The live nodes' heartbeats, after each of this node's beats."""
-        self.router.set_live(live)
+    def beat(self, live: dict[str, float], read_at: float) -> None:
+        """The live nodes' heartbeats, after each of this node's beats (read at
+        ``read_at``, unix s)."""
+        self.router.set_live(live, read_at)
         self.presence.beat(live)
 
     def keys_in_use(self) -> list[str]:
@@ -173,7 +174,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         count=lambda outcome, rooms: metrics.room_positions.labels(outcome).inc(rooms))
     router = Router(name, hub, broker, stores.routes, rooms=room_hub, groups=group_hub,
                     presence=watchers, controls=controls,
-                    positions=positions if s.room_history > 0 else None)
+                    positions=positions if s.room_history > 0 else None,
+                    heartbeat_ttl_s=s.heartbeat_ttl_s)
     router.when_resumed(replay.resumed)  # pushes lost meanwhile, again
     moderation = Moderation(stores.sanctions, router, hub, s.auth_max_ttl_s,
                             metrics.sanctions_unchecked.inc)
@@ -228,7 +230,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     registry = Registry(name, hub, stores.routes, presence, live, watch, watchers, replay,
                         **batch,
                         grace_s=s.register_grace_s, closed=metrics.closed.labels("registration"))
-    query = PresenceQuery(stores.routes, router.is_alive)
+    query = PresenceQuery(stores.routes, router.live_routes)
     verifier = TokenVerifier.from_settings(s)
     ops = MessageOps(conversations, chat, groups, router, s.recall_window_s,
                      lambda g, conn: conn in (group_hub.members.get(g) or {}), watchers, query)
@@ -241,7 +243,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         for user, r in zip(users, await stores.routes.lookup(users), strict=True):
             router.push(user, frame, r)
             now = time.time()
-            reached += sum(1 for node in r.values() if router.is_alive(node, now))
+            reached += router.live_routes(r, now)
         return reached
 
 
@@ -281,4 +283,4 @@ class _EventSources:
         now = time.time()
         found = await self.routes.lookup(users)
         return [u for u, r in zip(users, found, strict=True)
-                if not any(self.router.is_alive(n, now) for n in r.values())]
+                if not self.router.live_routes(r, now)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Protocol
 
 import orjson
@@ -46,7 +47,7 @@ class Pusher(Protocol):
     def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None
                       ) -> None: ...
 
-    def is_alive(self, node: str, now: float) -> bool: ...
+    def live_routes(self, routes: Mapping[str, str] | None, now: float) -> int: ...
 
 
 def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, result: SendResult,
@@ -61,7 +62,7 @@ def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, resul
     pusher.push(sender, result.frame, result.sender_routes, skip_conn=skip_conn)
     if events is not None and not result.repeat:
         now = time.time()
-        if not any(pusher.is_alive(n, now) for n in (result.receiver_routes or {}).values()):
+        if not pusher.live_routes(result.receiver_routes, now):
             events.offline_msg(to, result.mid, sender, sender, body)
 
 

@@ -246,7 +246,7 @@ class Node:
         elif app.mids.held:
             log.error("node id lease held by another node: minting stopped")
         app.mids.hold(result.held)
-        app.beat(result.live)
+        app.beat(result.live, result.read_at)
         if (result.retaken or result.lost) and self._routes_lost_after is None:
             self._routes_lost_after = ok_before
             self._tasks.append(asyncio.create_task(self._rewrite(app)))

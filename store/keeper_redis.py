@@ -109,7 +109,8 @@ class LeaseKeeperRedis:
         *_, live = pipe.execute()
         lost = self._check_canaries(r) if isinstance(r, RedisCluster) else False
         return Beat(held=state == 1 or retaken, retaken=retaken,
-                    live={n.decode(): float(expiry) for n, expiry in live}, lost=lost)
+                    live={n.decode(): float(expiry) for n, expiry in live}, lost=lost,
+                    read_at=now)
 
     def _check_canaries(self, r: RedisCluster) -> bool:
         """Set this node's canary on every master; True if one that was set

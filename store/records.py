@@ -125,6 +125,7 @@ class Beat:
     retaken: bool  # the lease had vanished (Redis lost its data) and was taken again
     live: dict[str, float]  # every node seen lately -> heartbeat expiry (unix s)
     lost: bool = False  # a master of a Redis Cluster lost its data (a canary vanished)
+    read_at: float = 0.0  # when ``live`` was read (unix s): a lapse it shows was seen then
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,15 +172,16 @@ class PresenceWatch:
 class PresenceQuery:
     """Users' presence now: devices on live nodes (their routes) and last seen."""
 
-    def __init__(self, routes: RouteStore, alive: Callable[[str, float], bool]) -> None:
+    def __init__(self, routes: RouteStore,
+                 live_routes: Callable[[Mapping[str, str], float], int]) -> None:
         self.routes = routes
-        self.alive = alive
+        self.live_routes = live_routes
 
     async def devices(self, users: list[str]) -> list[tuple[int, int | None]]:
         """(devices connected to live nodes, unix s the last one left or None)."""
         now = time.time()
         routes, seen = await self.routes.lookup(users), await self.routes.last_seen(users)
-        return [(sum(1 for node in r.values() if self.alive(node, now)), t)
+        return [(self.live_routes(r, now), t)
                 for r, t in zip(routes, seen, strict=True)]
 
     async def state(self, users: list[str]) -> dict[str, dict[str, object]]:
