@@ -77,6 +77,7 @@ class Node:
         self._held_at = 0.0  # monotonic time the lease was last confirmed
         self._beat_ok_at = time.time()  # unix time of the last beat Redis answered
         self._routes_lost_after: float | None = None  # set while routes are to be rewritten
+        self._beat_failed = False  # a beat failed since the last one Redis answered
         self._dead_marks: list[str] = []  # dead nodes' in-flight entries, dropped next time
         self._app: App | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -235,6 +236,7 @@ class Node:
         now = time.monotonic()
         if isinstance(result, Unavailable):
             self.metrics.beats.labels("unavailable").inc()
+            self._beat_failed = True
             log.warning("heartbeat failed: %s", result)
             if now - self._held_at > 0.8 * self.settings.heartbeat_ttl_s:
                 app.mids.hold(False)
@@ -247,18 +249,36 @@ class Node:
             log.error("node id lease held by another node: minting stopped")
         app.mids.hold(result.held)
         app.beat(result.live, result.read_at)
-        if (result.retaken or result.lost) and self._routes_lost_after is None:
+        # A beat so late that this node's heartbeat lapsed (Redis was out of
+        # reach, or the process stalled): other nodes may have read it lapsed,
+        # dropped pushes to it and purged its routes until they see this beat.
+        gap, s = self._beat_ok_at - ok_before, self.settings
+        lapsed = gap > s.heartbeat_ttl_s and (self._beat_failed or gap > 2 * s.heartbeat_s)
+        self._beat_failed = False
+        if (result.retaken or result.lost or lapsed) and self._routes_lost_after is None:
             self._routes_lost_after = ok_before
-            self._tasks.append(asyncio.create_task(self._rewrite(app)))
+            # Every other node reads the heartbeats again within its beat period.
+            again_after = min(1.5 * s.heartbeat_s, s.heartbeat_ttl_s) if lapsed else 0.0
+            self._tasks.append(asyncio.create_task(self._rewrite(app, again_after)))
 
-    async def _rewrite(self, app: App) -> None:
+    async def _rewrite(self, app: App, again_after: float = 0.0) -> None:
         """Every local route written again, tried every ``REWRITE_RETRY_S`` until
         it is done (the first command on a connection Redis dropped fails), then
-        the replay. A node whose routes are not back is deaf to other nodes."""
+        the replay. A node whose routes are not back is deaf to other nodes.
+
+        After a lapse of this node's heartbeat, once more ``again_after`` s later,
+        when every other node has read this node's beats again (a route they
+        purged meanwhile is back), and only then the replay: it covers the
+        pushes they dropped meanwhile too."""
+        why = "this node's heartbeat lapsed" if again_after > 0 else "Redis lost the routes"
+        if again_after > 0:
+            with contextlib.suppress(Unavailable):
+                await app.registry.rewrite(why)
+            await asyncio.sleep(again_after)
         failures = 0
         while (lost_after := self._routes_lost_after) is not None:
             try:
-                await app.registry.rewrite()
+                await app.registry.rewrite(why)
             except Unavailable as exc:
                 failures += 1
                 if failures in (1, 10) or failures % 100 == 0:
@@ -267,7 +287,7 @@ class Node:
                 await asyncio.sleep(REWRITE_RETRY_S)
                 continue
             self._routes_lost_after = None
-            app.replay.resumed(lost_after, "Redis lost the routes")
+            app.replay.resumed(lost_after, why)
             app.live.rewrite_counts()
 
     async def _share_inflight(self) -> None:

@@ -99,6 +99,15 @@ class PrivateServer:
         await wait_port(self.port, timeout)
         return self
 
+    def pause(self) -> None:
+        """SIGSTOP: the port stays open, nothing answers (data kept)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     async def kill(self) -> None:
         """SIGKILL: what a crash looks like to its clients."""
         if self.proc is not None and self.proc.poll() is None:

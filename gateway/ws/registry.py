@@ -143,9 +143,10 @@ class Registry:
         with contextlib.suppress(Unavailable):
             await self._ops.submit((False, client.user, client.id))
 
-    async def rewrite(self) -> None:
-        """Redis lost its data: every local device's route again."""
-        log.warning("Redis lost its data: rewriting %d routes", self.hub.count)
+    async def rewrite(self, why: str = "Redis lost its data") -> None:
+        """Every local device's route again (Redis lost them, or other nodes
+        may have purged them while this node's heartbeat had lapsed)."""
+        log.warning("%s: rewriting %d routes", why, self.hub.count)
         await self.routes.add([(c.user, self.node, c.id) for c in self.hub.clients()])
         await self.presence.restore(list({c.user for c in self.hub.clients()}))
 

@@ -16,28 +16,18 @@ The longer run: ``python -m bench.nemesis --minutes N --seed S``.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from testkit.nemesis import MUST_BE_ZERO, Nemesis, NemesisConfig, ci_schedule, dump, summary
 
-# Its nodes use only the Redis it starts itself: CI's Redis Cluster pass skips it.
-# Not in CI's run yet (IMGATE_NEMESIS=1 runs it): under CI's load it still meets,
-# now and then, one receiver's 1:1 pushes missing for a second or two around a
-# kill -9 or a Redis Cluster master's return while routes exist (not yet
-# understood; docs/benchmarks.md). `python -m bench.nemesis --ci` runs it too.
-pytestmark = [pytest.mark.own_redis,
-              pytest.mark.skipif(not os.environ.get("IMGATE_NEMESIS"),
-                                 reason="the fault schedule: IMGATE_NEMESIS=1 to run it")]
+# Its nodes use only the servers it starts itself (a private Redis, or a private
+# 3-master Redis Cluster for the "redis-cluster" case): CI's Redis Cluster pass
+# skips it, and its single-Redis pass runs both.
+pytestmark = [pytest.mark.own_redis]
 
 
-# The Redis Cluster variant (one master killed instead of the whole Redis) runs
-# as `python -m bench.nemesis --ci --redis-cluster`, not in CI yet: under CI's
-# load one run in three met a receiver's 1:1 pushes missing for about 1.5 s
-# after the master came back and the routes were written again (not yet
-# understood; docs/benchmarks.md).
-@pytest.mark.parametrize("redis_cluster", [False], ids=["redis"])
+@pytest.mark.parametrize("redis_cluster", [False, True], ids=["redis", "redis-cluster"])
 async def test_delivery_guarantees_hold_through_a_fault_schedule(tmp_path, redis_cluster):
     cfg = NemesisConfig(seconds=75.0, schedule=ci_schedule(redis_cluster=redis_cluster),
                         seed=1, log_dir=tmp_path, redis_cluster=redis_cluster)

@@ -9,6 +9,8 @@ and starts it again (empty: everything it held is gone).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis.asyncio as aioredis
 
@@ -124,3 +126,51 @@ async def test_a_push_sent_while_redis_had_lost_the_routes_comes_once_they_are_b
     await receiver_node.beat()  # finds its lease gone: routes again, then the replay
     push = await receiver.next_push("msg", timeout=10)
     assert (push["mid"], push["body"]) == (ack["mid"], "hi")
+
+
+async def test_routes_purged_while_a_nodes_heartbeat_had_lapsed_come_back_with_the_pushes(
+        private, make_node, connect):
+    """Redis out of reach longer than the heartbeat's ttl: the first node to
+    read the heartbeats again takes the other for dead, drops its pushes and
+    purges its routes, until it reads that node's next beat. The node whose
+    heartbeat lapsed writes its routes again once the others have read it,
+    then replays what came meanwhile. Both nodes beat when the test says."""
+    redis = await private("redis")
+    opts = dict(redis_url=redis.url, redis_cluster=0, dep_timeout_s=0.5,
+                heartbeat_s=3600.0, heartbeat_ttl_s=1.0)
+    sender_node = await make_node(**opts)
+    receiver_node = await make_node(**opts)
+    alice, bob = uid("a"), uid("b")
+    sender = await connect(sender_node, alice)
+    receiver = await connect(receiver_node, bob)
+    route = f"{RUN_NS}:rt:{{{bob}}}"
+    r = aioredis.from_url(redis.url)
+    try:
+        assert await until(lambda: r.exists(route), timeout=10)
+        await receiver_node.beat()
+        redis.pause()
+        await receiver_node.beat()  # fails: Redis does not answer
+        redis.resume()
+        lapsed_at = receiver_node._beat_ok_at + 1.0
+
+        async def lapsed() -> bool:
+            return time.time() > lapsed_at + 0.1
+
+        assert await until(lapsed, timeout=5)
+        await sender_node.beat()  # reads bob's node lapsed
+        ack = await _acked(sender, "send", to=bob, cmid="while-lapsed", body="hi")
+        async def purged() -> bool:
+            return await r.exists(route) == 0
+
+        assert await until(purged, timeout=5)  # taken for dead
+
+        await receiver_node.beat()  # late: its heartbeat had lapsed
+        await sender_node.beat()  # the sender reads it alive again
+        push = await receiver.next_push("msg", timeout=10)  # the replay
+        assert (push["mid"], push["body"]) == (ack["mid"], "hi")
+        assert await until(lambda: r.exists(route), timeout=5)
+        later = await _acked(sender, "send", to=bob, cmid="after", body="again")
+        push = await receiver.next_push("msg", timeout=10)
+        assert push["mid"] == later["mid"]
+    finally:
+        await r.aclose()
