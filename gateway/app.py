@@ -151,7 +151,8 @@ class App:
 
 def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: str,
             number: int, draining: Callable[[], bool],
-            healthy: Callable[[], Awaitable[bool]]) -> App:
+            healthy: Callable[[], Awaitable[bool]],
+            ws_port: Callable[[], int] = lambda: 8080) -> App:
     """Build a node's objects for node ``name`` holding number ``number``."""
     s = settings
     batch = {"max_batch": s.batch_max, "max_pending": s.pending_max}
@@ -174,8 +175,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         count=lambda outcome, rooms: metrics.room_positions.labels(outcome).inc(rooms))
     router = Router(name, hub, broker, stores.routes, rooms=room_hub, groups=group_hub,
                     presence=watchers, controls=controls,
-                    positions=positions if s.room_history > 0 else None,
-                    heartbeat_ttl_s=s.heartbeat_ttl_s)
+                    positions=positions if s.room_history > 0 else None)
     router.when_resumed(replay.resumed)  # pushes lost meanwhile, again
     moderation = Moderation(stores.sanctions, router, hub, s.auth_max_ttl_s,
                             metrics.sanctions_unchecked.inc)
@@ -254,7 +254,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                                limits=HttpLimits.from_settings(s),
                                metrics_public=bool(s.metrics_public),
                                cors_origins=s.cors_origin_list, api_keys=s.api_key_list,
-                               admit=moderation.admit, server=server, ops=ops))
+                               admit=moderation.admit, server=server, ops=ops,
+                               ws_port=ws_port, public_ws_url=s.public_ws_url))
     if missing := controls.missing():
         raise RuntimeError(f"controls without a handler: {', '.join(missing)}")
     app = App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,

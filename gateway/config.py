@@ -103,6 +103,7 @@ class Settings:
     metrics_host: str = "127.0.0.1"  # /metrics listener, apart from the API
     metrics_port: int = 9464  # 0: any free port; -1: no separate listener
     metrics_public: int = 0  # 1: also serve /metrics on the API port
+    public_ws_url: str = ""  # the WebSocket URL clients are told (GET /v1/info); "": derived
     cors_origins: str = ""  # comma-separated origins whose browsers may call the HTTP API
     api_keys: str = ""  # comma-separated keys of the server API (/v1/server/*); "": off
     events: str = "offline,presence"  # event types (or prefixes) to {ns}.events; none: no events

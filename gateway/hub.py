@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -26,7 +25,6 @@ from typing import Any, Generic, Literal, TypeVar, cast
 
 from websockets.asyncio.server import ServerConnection
 
-from core.conns import conn_ids
 from gateway.metrics import NodeMetrics
 from gateway.wire import SocketWriter, Written, write_wires, ws_text_frame
 
@@ -148,17 +146,11 @@ class Hub:
     """Local connections of one node, by user; owns the node's socket writer."""
 
     def __init__(self, metrics: NodeMetrics, write_buffer_max: int) -> None:
-        # Connection ids dated by this run's start (``core.conns``): routes of a
-        # restarted node are never taken for the dead run's.
-        self._ids = conn_ids(time.time_ns() // 1_000_000)
         self.metrics = metrics
         self.write_buffer_max = write_buffer_max
         self.writer = SocketWriter(metrics.push_skipped, metrics.closed.labels("stuck"))
         self.users: dict[str, dict[int, Client]] = {}
         self.count = 0
-
-    def new_client(self, user: str, ws: ServerConnection) -> Client:
-        return Client(user, ws, next(self._ids))
 
     def add(self, client: Client) -> None:
         self.users.setdefault(client.user, {})[client.id] = client

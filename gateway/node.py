@@ -105,7 +105,8 @@ class Node:
         # by this node's previous life never reach the new one.
         self.name = f"n{number}-{self.lease.token[:6]}"
         self._app = app = compose(s, self.stores, self.metrics, name=self.name, number=number,
-                                  draining=lambda: self.draining, healthy=self.healthy)
+                                  draining=lambda: self.draining, healthy=self.healthy,
+                                  ws_port=lambda: self.ws_port)
         try:
             await app.start()
         except ValueError as exc:  # IM_AMQP_URL itself is malformed (router.amqp_urls)

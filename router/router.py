@@ -29,7 +29,6 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from core.conns import started_ms
 from router import controls, envelope
 from router.base import (
     Broker,
@@ -63,7 +62,6 @@ class Router:
         presence: PresenceDelivery | None = None, controls: Controls | None = None,
         positions: Callable[[Out], RoomPositions] | None = None,
         outbox_max: int = 10_000, publish_batch: int = 64, controls_max: int = 1000,
-        heartbeat_ttl_s: float = 6.0,
     ) -> None:
         self.node = node
         self.local = local
@@ -80,7 +78,6 @@ class Router:
         self.publish_batch = publish_batch
         self.live: dict[str, float] = {}  # node -> heartbeat expiry (unix s)
         self.live_read_at = 0.0  # when ``live`` was read (unix s)
-        self.heartbeat_ttl_s = heartbeat_ttl_s
         self._on_resume: list[Callable[[float], None]] = []
         self.stats: dict[str, int] = defaultdict(int)
         self._records: dict[str, list[envelope.Record]] = defaultdict(list)
@@ -146,18 +143,8 @@ class Router:
         return node == self.node or expiry is None or expiry > min(now, self.live_read_at)
 
     def live_routes(self, routes: Mapping[str, str] | None, now: float) -> int:
-        """How many of a user's routes (connection -> node) may live."""
-        return sum(1 for f, n in (routes or {}).items() if self.route_alive(f, n, now))
-
-    def route_alive(self, field: str, node: str, now: float) -> bool:
-        """Whether the connection of a route may live: its node is alive, or it
-        was taken by a run of that node started after the last heartbeat seen
-        of it (a node restarted under its name before our view caught up)."""
-        if self.is_alive(node, now):
-            return True
-        conn = self.routes.conn_of(field)
-        last_beat = self.live[node] - self.heartbeat_ttl_s
-        return conn is not None and started_ms(conn) > last_beat * 1000
+        """How many of a user's routes (connection -> node) are to live nodes."""
+        return sum(1 for n in (routes or {}).values() if self.is_alive(n, now))
 
     # -- outgoing ------------------------------------------------------------
     def push(self, user: str, frame: bytes, routes: Mapping[str, str] | None,
@@ -172,7 +159,7 @@ class Router:
         for field, node in routes.items():
             if node == self.node:
                 continue
-            if self.route_alive(field, node, now):
+            if self.is_alive(node, now):
                 nodes.add(node)
             else:
                 dead.append(field)

@@ -137,10 +137,6 @@ class RouteStore(Protocol):
 
     async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None: ...
 
-    def conn_of(self, field: str) -> int | None:
-        """The connection id of a route's field (None if it names none)."""
-        ...
-
 
 class PresenceStore(Protocol):
     """Announced presence across nodes (``presence.online`` / ``offline`` once each)."""

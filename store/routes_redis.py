@@ -30,11 +30,6 @@ class RoutesRedis:
     def field(node: str, conn: int) -> str:
         return f"{node}/{conn}"
 
-    @staticmethod
-    def conn_of(field: str) -> int | None:
-        _, _, conn = field.rpartition("/")
-        return int(conn) if conn.isdigit() else None
-
     async def add(self, routes: Sequence[tuple[str, str, int]]) -> None:
         """Write (user, node, conn) routes in one round trip."""
         async with redis_guard():

@@ -184,6 +184,12 @@ class ChatService:
         await self.offline.ack(user, upto=upto)
 
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
+        """Read ``conv`` up to ``mid``, a message of that conversation (one point
+        read of the store): any other mid is ``not_found`` and changes nothing,
+        so a ``read`` cannot push a receipt to a stranger."""
+        m = await self.messages.get(mid)
+        if m is None or {m.sender, m.to} != {user, conv}:
+            raise ProtocolError("not_found", "no such message in this conversation")
         return await self.offline.mark_read(user, conv, mid)
 
     async def sync_rows(self, user: str, since: int, count: int) -> list[tuple[int, Any]]:

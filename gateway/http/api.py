@@ -51,6 +51,7 @@ from gateway.http.models import (
     Health,
     HistoryPage,
     Id,
+    Info,
     Ok,
     PresenceStates,
     ReadMark,
@@ -101,6 +102,8 @@ class HttpDeps:
     admit: Callable[[Token], Awaitable[None]] | None = None  # bans and revocations
     server: ServerDeps | None = None  # the server API (/v1/server/*)
     ops: MessageOps | None = None  # read receipts, recall, delete for me
+    ws_port: Callable[[], int] = lambda: 8080  # this node's WebSocket port, once listening
+    public_ws_url: str = ""  # IM_PUBLIC_WS_URL: what /v1/info tells; "" derives it
 
 
 def build_http(deps: HttpDeps) -> FastAPI:
@@ -126,6 +129,14 @@ def build_http(deps: HttpDeps) -> FastAPI:
             return _error("unavailable", "node cannot serve")
         return JSON({"ok": True, "node": deps.node})
 
+    @app.get("/v1/info", response_model=Info)
+    async def info(request: Request) -> JSON:
+        """Where clients connect (no token): ``IM_PUBLIC_WS_URL`` if set; else,
+        called on this node's own HTTP port, its WebSocket port on the host the
+        caller used; called through a proxy on another port (nginx's one port for
+        ``/`` and ``/ws``), that origin's ``/ws``."""
+        return JSON({"ws_url": deps.public_ws_url or _ws_url(request, deps.ws_port())})
+
     if deps.metrics_public:
         @app.get("/metrics", response_class=PlainTextResponse,
                  responses={200: {"description": "Prometheus text format 0.0.4",
@@ -142,6 +153,21 @@ def build_http(deps: HttpDeps) -> FastAPI:
         install_server_api(app, deps.server)
     _demo(app)
     return app
+
+
+def _ws_url(request: Request, ws_port: int) -> str:
+    forwarded = request.headers.get("x-forwarded-proto", "")
+    secure = request.url.scheme == "https" or forwarded.split(",")[0].strip() == "https"
+    scheme = "wss" if secure else "ws"
+    host = request.url.hostname or "127.0.0.1"
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
+    server = request.scope.get("server")
+    direct = server is not None and request.url.port == server[1]
+    if direct:
+        return f"{scheme}://{host}:{ws_port}/ws"
+    port = request.url.port
+    return f"{scheme}://{host}{f':{port}' if port else ''}/ws"
 
 
 def _demo(app: FastAPI) -> None:

@@ -48,6 +48,7 @@ __all__ = ["USER_KEY", "HttpGuard", "HttpLimits", "TimedH11Protocol",           
 USER_KEY = "imgate.user"  # the authenticated caller, in the ASGI scope
 PROTECTED_PREFIX = "/v1/"  # every path under it needs a token; the rest is public
 SERVER_PREFIX = "/v1/server/"  # ... but these need an API key instead (IM_API_KEYS)
+PUBLIC_PATHS = frozenset({"/v1/info"})  # ... and these need nothing (what a client is told first)
 LINGER_S = 2.0  # after an early answer: how long the rest of a body is read and dropped
 LINGER_BYTES = 1 << 20  # ... and how much of it
 
@@ -115,7 +116,7 @@ class HttpGuard:
                 await _refuse(send, "unauthorized", "an API key (X-API-Key, one of "
                               "IM_API_KEYS) is required here; user tokens are not accepted")
                 return True
-        elif scope["path"].startswith(PROTECTED_PREFIX):
+        elif scope["path"].startswith(PROTECTED_PREFIX) and scope["path"] not in PUBLIC_PATHS:
             try:
                 token = self.verifier.check(bearer_token(headers.get("authorization")))
                 if self.admit is not None:

@@ -31,6 +31,7 @@ __all__ = [
     "ERROR_DESCRIPTIONS",
     "ConversationList",
     "ErrorBody",
+    "Info",
     "GroupCreated",
     "Health",
     "HistoryPage",
@@ -127,6 +128,10 @@ class ReadMark(_Body):
 # -- answers -------------------------------------------------------------------------
 class Ok(BaseModel):
     ok: Literal[True]
+
+
+class Info(BaseModel):
+    ws_url: str = Field(description="where clients open their WebSocket")
 
 
 class Health(BaseModel):

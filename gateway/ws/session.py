@@ -116,7 +116,7 @@ class Sessions:
         # (``request`` must stay set: websockets takes None for "handshake pending".)
         ws.request, ws.response = _HANDSHAKE_DONE, None
         core = sc.SessionCore(self.limits, time.monotonic())  # budgets, bad frames
-        client = self.registry.hub.new_client(ws.username, ws)
+        client = Client(ws.username, ws)
         token = self._tokens.pop(ws)
         client.iat = token.iat or 0.0
         self._expiries.set(client, token.exp)

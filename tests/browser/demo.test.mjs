@@ -76,7 +76,8 @@ async function waitAll(page, sel, wanted, what) {
     (all) => wanted.every((w) => all.some((t) => w.every((part) => t.includes(part)))));
 }
 
-/** A user's page: the token in the address (`?token=`), or typed into the login form. */
+/** A user's page: the token in the address (`?token=`), or typed into the login form;
+ * `ws` in the address when given (null: the page asks the node, GET /v1/info). */
 async function open(name, http, ws, token, { form = false } = {}) {
   const ctx = await browser.newContext({ viewport: VIEWPORT });
   const page = await ctx.newPage();
@@ -86,7 +87,8 @@ async function open(name, http, ws, token, { form = false } = {}) {
   page.on("response", (r) => { if (r.status() >= 400) logs.push(`${name} HTTP ${r.status()} ${r.request().method()} ${r.url()}`); });
   pages.set(name, page);
   const q = form ? "" : `token=${encodeURIComponent(token)}&`;
-  await page.goto(`${http}/demo/?${q}ws=${encodeURIComponent(ws)}`, { timeout: STEP_MS });
+  const w = ws === null ? "" : `ws=${encodeURIComponent(ws)}`;
+  await page.goto(`${http}/demo/?${q}${w}`, { timeout: STEP_MS });
   if (form) {
     await page.fill('[data-test="token"]', token);
     await page.click('[data-test="login"]');
@@ -134,7 +136,7 @@ async function main() {
   let B;
 
   await step("A opens the demo on node 1, B on node 2: both online", async () => {
-    [A, B] = await Promise.all([open("A", env.http1, env.ws1, env.tokenA), open("B", env.http2, env.ws2, env.tokenB)]);
+    [A, B] = await Promise.all([open("A", env.http1, env.ws1, env.tokenA), open("B", env.http2, null, env.tokenB)]);
   });
 
   await step("A sends to B: B's unread total goes to 1", async () => {
@@ -165,7 +167,11 @@ async function main() {
   });
 
   await step("B comes back on node 2 (logs in with the form): unread 2 before reading, then catches up", async () => {
-    B = await open("B", env.http2, env.ws2, env.tokenB, { form: true });
+    // A ?ws= naming another host is ignored (the pasted token never goes there):
+    // the form holds the node's own WebSocket URL, and says so.
+    B = await open("B", env.http2, "ws://elsewhere.invalid:1/ws", env.tokenB, { form: true });
+    const hint = await textOf(B, "#ws-hint");
+    if (!hint.includes("ignored")) throw new Error(`the login form's hint: ${hint}`);
     await waitText(B, '[data-test="unread-total"]', "2", "B's unread after coming back");
     await waitText(B, `[data-test="conv"][data-conv="${a}"] [data-test="conv-unread"]`, "2", "B's chat with A");
     await B.click(`[data-test="conv"][data-conv="${a}"]`);

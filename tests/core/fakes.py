@@ -118,10 +118,6 @@ class FakeRoutes(Faulty):
         self._up("last_seen")
         return [None for _ in users]
 
-    @staticmethod
-    def conn_of(field: str) -> int | None:
-        return int(field.rpartition("/")[2])
-
     async def purge_many(self, dead: Mapping[str, Iterable[str]]) -> None:
         self._up("purge_many")
         for user, fields in dead.items():

@@ -6,17 +6,30 @@ const $ = (sel) => document.querySelector(sel);
 const params = new URLSearchParams(location.search);
 
 // ---- where the node is --------------------------------------------------
-// The HTTP API is this page's own origin. The WebSocket listens on another
-// port of the same node: ?ws=ws://host:port/ws names it; else, behind a proxy
-// on the default port (nginx: /ws and / on one port) it is this origin's /ws,
-// and otherwise the HTTP port minus one (a node's defaults: ws 8080, http 8081).
-function defaultWsUrl() {
-  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-  if (!location.port) return `${scheme}//${location.host}/ws`;
-  return `${scheme}//${location.hostname}:${Number(location.port) - 1}/ws`;
+// The HTTP API is this page's own origin; the node tells where its WebSocket
+// is (GET /v1/info). A ?ws= in the address is used only on this page's own
+// host: a link naming another host would send it the token the user pastes.
+function sameHost(url) {
+  try { return new URL(url).hostname === location.hostname; } catch { return false; }
 }
 const HTTP_URL = location.origin;
-const WS_DEFAULT = params.get("ws") || defaultWsUrl();
+const WS_ASKED = params.get("ws") || "";
+const WS_REFUSED = WS_ASKED && !sameHost(WS_ASKED) ? WS_ASKED : "";
+let WS_DEFAULT = WS_ASKED && !WS_REFUSED ? WS_ASKED : "";
+
+async function wsDefault() {
+  if (WS_DEFAULT) return WS_DEFAULT;
+  try {
+    const r = await fetch("/v1/info");
+    if (r.ok) WS_DEFAULT = (await r.json()).ws_url;
+  } catch { /* the fallback below */ }
+  if (!WS_DEFAULT) { // an older node: this origin's /ws behind a proxy, else the HTTP port minus one
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    WS_DEFAULT = location.port ? `${scheme}//${location.hostname}:${Number(location.port) - 1}/ws`
+      : `${scheme}//${location.host}/ws`;
+  }
+  return WS_DEFAULT;
+}
 
 // ---- state ----------------------------------------------------------------
 const state = {
@@ -531,19 +544,22 @@ async function start(token, wsUrl) {
   }
 }
 
+function refusedNote() {
+  return WS_REFUSED ? `?ws=${WS_REFUSED} ignored: not on this page's host (${location.hostname}). ` : "";
+}
+
 function showLogin() {
   $("#login").hidden = false;
-  $("#ws-url").value = WS_DEFAULT;
-  $("#ws-hint").textContent = params.get("ws")
+  $("#ws-hint").textContent = refusedNote() + (WS_ASKED && !WS_REFUSED
     ? "WebSocket from ?ws= in the address."
-    : `WebSocket: this node's HTTP port minus one (a node's defaults: ws 8080, http 8081), `
-      + "or this origin's /ws behind a proxy on the default port; add ?ws=ws://host:port/ws "
-      + "to the address to pick another.";
-  $("#login-form").addEventListener("submit", (e) => {
+    : "WebSocket: as this node tells (GET /v1/info); ?ws=ws://host:port/ws in the address "
+      + "picks another on this host.");
+  $("#login-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     const token = $("#token").value.trim();
-    if (token) start(token, $("#ws-url").value.trim() || WS_DEFAULT);
+    if (token) start(token, $("#ws-url").value.trim() || await wsDefault());
   });
+  wsDefault().then((ws) => { if (!$("#ws-url").value) $("#ws-url").value = ws; });
   $("#token").focus();
 }
 
@@ -581,8 +597,9 @@ function wire() {
 wire();
 const given = params.get("token");
 if (given) {
-  history.replaceState(null, "", location.pathname + (params.get("ws") ? `?ws=${encodeURIComponent(params.get("ws"))}` : ""));
-  start(given, WS_DEFAULT);
+  history.replaceState(null, "", location.pathname + (WS_ASKED && !WS_REFUSED ? `?ws=${encodeURIComponent(WS_ASKED)}` : ""));
+  if (WS_REFUSED) toast(refusedNote(), "error");
+  wsDefault().then((ws) => start(given, ws));
 } else {
   showLogin();
 }

@@ -198,3 +198,23 @@ async def test_recall_in_small_and_big_groups(make_node, connect, http, redis_cl
         await redis_client.delete(Keys(RUN_NS).group_state(g))
         assert await unread_of(http, carol, n2, f"g:{g}") == 1
         assert await unread_of(http, bob, n2, f"g:{g}") == 1
+
+
+async def test_a_read_of_a_message_not_in_that_conversation_pushes_no_receipt(node, connect):
+    """A receipt goes to a 1:1 peer only for a message of that conversation: a
+    `read` naming any other user or mid is `not_found` and tells no one."""
+    alice, bob, mallory = uid("a"), uid("b"), uid("m")
+    a, b, m = await connect(node, alice), await connect(node, bob), await connect(node, mallory)
+    mid = (await a.request("send", to=bob, cmid="c1", body="hi"))["mid"]
+    await b.next_push("msg")
+    own = (await m.request("send", to=alice, cmid="c2", body="yo"))["mid"]
+    await a.next_push("msg")
+    for conv, target in ((bob, mid), (bob, own), (alice, mid)):  # another's message
+        r = await m.request("read", conv=conv, mid=target)
+        assert r["op"] == "error" and r["code"] == "not_found", r
+    r = await m.request("read", conv=alice, mid=own)  # its own conversation: fine
+    assert r["op"] == "ok"
+    await a.next_push("receipt")
+    await asyncio.sleep(0.3)  # pushes from the refused reads would be here by now
+    assert [f for f in b.drain_pushes() if f["op"] == "receipt"] == []
+    assert [f for f in a.drain_pushes() if f["op"] == "receipt"] == []
