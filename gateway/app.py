@@ -194,7 +194,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     groups = GroupService(stores.groups, stores.group_cache, claims, mids, diffusion,
                           stores.offline, GroupLimits.from_settings(s), metrics, inflight)
     group_admin = GroupAdmin(stores.groups, stores.group_cache, router,
-                             AdminLimits.from_settings(s))
+                             AdminLimits.from_settings(s), stores.quotas,
+                             refused=lambda cap: metrics.limit_refusals.labels(cap).inc())
     marks: dict[str, int] = {}  # the other nodes' oldest mid in flight (Node shares them)
 
     def low_mark() -> int | None:

@@ -36,6 +36,9 @@ class NodeMetrics:
         self.frames_in = Counter("im_frames_in_total", "Client frames received", ["op"],
                                  registry=r)
         self.errors = Counter("im_errors_total", "Error replies sent", ["code"], registry=r)
+        self.limit_refusals = Counter("im_limit_refusals_total", "Calls or users refused by a "
+                                      "per-user cap or quota, by its setting", ["limit"],
+                                      registry=r)
         self.events = Counter("im_events_total", "Events out by type and outcome "
                               "(published, retried, dropped)", ["type", "outcome"], registry=r)
         self.sanctions_unchecked = Counter(

@@ -30,6 +30,7 @@ from store.nodes_redis import NodeDirectoryRedis, NodeLeaseRedis
 from store.offline_redis import OfflineRedis
 from store.posts_mongo import PostsMongo
 from store.presence_redis import PresenceRedis
+from store.quotas_redis import QuotasRedis
 from store.records import GroupMessage, InboxLimits
 from store.redis_client import connect_redis, redis_guard
 from store.room_history_redis import RoomHistoryRedis
@@ -62,6 +63,7 @@ class Stores:
     counters: ports.CounterStore
     sanctions: ports.SanctionStore
     presence: ports.PresenceStore
+    quotas: ports.QuotaStore
     keeper: Callable[[str, int, float], ports.LeaseKeeper]  # (node name, number, period)
     check_redis: Callable[[], Awaitable[None]]
     check_mongo: Callable[[], Awaitable[None]]
@@ -119,5 +121,5 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
         follows=follows, posts=posts, timelines=TimelineMongo(db),
         feed_cache=FeedCacheRedis(redis, keys, follows, posts),
         counters=CountersRedis(redis, keys), sanctions=SanctionsRedis(redis, keys),
-        presence=PresenceRedis(redis, keys),
+        presence=PresenceRedis(redis, keys), quotas=QuotasRedis(redis, keys),
         check_redis=offline.ping, check_mongo=check_mongo, prepare=prepare, close=close)

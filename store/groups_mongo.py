@@ -40,6 +40,7 @@ __all__ = ["GROUP_INDEXES", "GroupsMongo", "group_message", "msg_id"]
 
 GROUP_INDEXES: list[Index] = [
     ("group_members", [("u", ASCENDING)], {"name": "user"}),
+    ("groups", [("owner", ASCENDING)], {"name": "owner"}),
     ("group_members", [("g", ASCENDING)], {"name": "group"}),
     ("group_members", [("g", ASCENDING), ("u", ASCENDING)], {"name": "group_user"}),
     ("group_msgs", [("g", ASCENDING), ("mid", ASCENDING)], {"name": "group_mid"}),
@@ -93,6 +94,12 @@ class GroupsMongo:
     async def get(self, group: str) -> dict[str, Any] | None:
         async with mongo_guard():
             return await self.groups.find_one({"_id": group})
+
+    async def count_owned(self, owner: str) -> int:
+        """(``dissolved`` is checked on the documents, as ``user_groups`` does.)"""
+        async with mongo_guard():
+            return sum([1 async for d in self.groups.find({"owner": owner}, {"dissolved": 1})
+                        if not d.get("dissolved")])
 
     async def add_members(self, group: str, users: Sequence[str]) -> tuple[list[str], int]:
         """Add ``users`` (those already members stay as they are); they see

@@ -155,6 +155,11 @@ class Keys:
         """List: the room's newest messages (positioned JSON), oldest first."""
         return f"{self.ns}:rh:{{{room}}}"
 
+    def quota(self, user: str, what: str, window: int) -> str:
+        """String: how many ``what`` ``user`` did in fixed window number
+        ``window`` (expires with the window)."""
+        return f"{self.ns}:q:{{{user}}}:{what}:{window}"
+
     def last_seen(self, user: str) -> str:
         """String: unix time the user's last device disconnected (30 days)."""
         return f"{self.ns}:seen:{{{user}}}"

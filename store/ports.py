@@ -235,6 +235,14 @@ class RoomHistoryStore(Protocol):
     async def read(self, rooms: Sequence[tuple[str, bool]]) -> list[RoomLog]: ...
 
 
+class QuotaStore(Protocol):
+    """Per-user counts over fixed windows, shared by every node."""
+
+    async def take(self, user: str, what: str, limit: int, window_s: int) -> bool:
+        """Count one; False when the window already held ``limit``."""
+        ...
+
+
 class GroupStore(Protocol):
     """Groups' durable truth: members, the seq counter, one copy per message."""
 
@@ -242,6 +250,10 @@ class GroupStore(Protocol):
                      ) -> None: ...
 
     async def get(self, group: str) -> Doc | None: ...
+
+    async def count_owned(self, owner: str) -> int:
+        """Groups ``owner`` owns and has not dissolved."""
+        ...
 
     async def add_members(self, group: str, users: Sequence[str]) -> tuple[list[str], int]: ...
 

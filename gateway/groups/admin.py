@@ -31,7 +31,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -46,7 +46,7 @@ from gateway.config import Settings
 from gateway.errors import ProtocolError
 from router.controls import Control, GroupAdd, GroupDel
 from router.errors import BrokerUnavailable
-from store.ports import GroupCache, GroupStore
+from store.ports import GroupCache, GroupStore, QuotaStore
 
 __all__ = ["ControlSender", "GroupAdmin", "GroupNotifier"]
 
@@ -79,48 +79,96 @@ def _info(doc: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class AdminLimits:
-    """``IM_GROUP_MAX_MEMBERS`` and ``IM_GROUP_WRITE_DIFFUSION_MAX``."""
+    """``IM_GROUP_MAX_MEMBERS``, ``IM_GROUP_WRITE_DIFFUSION_MAX`` and the caps
+    that keep one user from putting others in unbounded numbers of groups."""
 
     max_members: int
     write_diffusion_max: int
+    max_owned: int = 200  # IM_MAX_GROUPS_OWNED
+    max_joined: int = 2000  # IM_MAX_GROUPS_JOINED
+    creates_per_min: int = 10  # IM_GROUP_CREATES_PER_MIN
 
     @classmethod
     def from_settings(cls, s: Settings) -> AdminLimits:
-        return cls(s.group_max_members, s.group_write_diffusion_max)
+        return cls(s.group_max_members, s.group_write_diffusion_max, s.max_groups_owned,
+                   s.max_groups_joined, s.group_creates_per_min)
 
 
 class GroupAdmin:
     """Group administration for one node; knows nothing of sockets."""
 
     def __init__(self, store: GroupStore, cache: GroupCache, notifier: GroupNotifier,
-                 limits: AdminLimits) -> None:
+                 limits: AdminLimits, quotas: QuotaStore | None = None,
+                 refused: Callable[[str], None] = lambda _cap: None) -> None:
         self.store = store
         self.cache = cache
         self.notifier = notifier
+        self.limits = limits
         self.max_members = limits.max_members
         self.wd_max = limits.write_diffusion_max
+        self.quotas = quotas
+        self.refused = refused  # counts each refusal by the cap's name (a metric)
 
     # -- membership ------------------------------------------------------------
-    async def create(self, owner: str, name: str, members: list[str]) -> str:
+    async def create(self, owner: str, name: str, members: list[str]
+                     ) -> tuple[str, list[str]]:
+        """A new group owned by ``owner``: (its id, the members left out because
+        they are in ``IM_MAX_GROUPS_JOINED`` groups already)."""
         users = list(dict.fromkeys([owner, *members]))
         self._check_size(len(users))
+        lim = self.limits
+        if self.quotas is not None and not await self.quotas.take(
+                owner, "group_create", lim.creates_per_min, 60):
+            self.refused("group_creates_per_min")
+            raise ProtocolError("rate_limited", f"at most {lim.creates_per_min} groups created "
+                                "per minute (IM_GROUP_CREATES_PER_MIN)")
+        if await self.store.count_owned(owner) >= lim.max_owned:
+            self.refused("max_groups_owned")
+            raise ProtocolError("forbidden", f"a user owns at most {lim.max_owned} groups "
+                                "(IM_MAX_GROUPS_OWNED)")
+        full = await self._full(users)
+        if owner in full:  # counted by _full
+            raise ProtocolError("forbidden", f"a user is in at most {lim.max_joined} groups "
+                                "(IM_MAX_GROUPS_JOINED)")
+        refused = [u for u in users if u in full]
+        users = [u for u in users if u not in full]
         group = secrets.token_hex(8)
         await self.store.create(group, name, owner, users)
         await self.cache.added(group, users, 0, complete=True)
         await self.cache.created(group)
         await self._announce(group, "added", users[1:], owner, direct=users, bound=False)
         await self.notifier.tell(users, GroupAdd(group))
-        return group
+        return group, refused
 
-    async def add(self, caller: str, group: str, users: list[str]) -> None:
+    async def add(self, caller: str, group: str, users: list[str]) -> list[str]:
+        """Add ``users`` (owner only); returns those left out for being in
+        ``IM_MAX_GROUPS_JOINED`` groups already."""
         async with self._lease(group):
             doc = await self._owned(caller, group)
-            self._check_size(int(doc.get("size", 0)) + len(users))
-            added, seq = await self.store.add_members(group, list(dict.fromkeys(users)))
+            wanted = list(dict.fromkeys(users))
+            self._check_size(int(doc.get("size", 0)) + len(wanted))
+            full = await self._full(wanted)
+            refused = [u for u in wanted if u in full]
+            wanted = [u for u in wanted if u not in full]
+            if not wanted:
+                return refused
+            added, seq = await self.store.add_members(group, wanted)
             if added:
                 await self.cache.added(group, added, seq)
                 await self._announce(group, "added", added, caller, direct=added)
                 await self.notifier.tell(added, GroupAdd(group))
+            return refused
+
+    async def _full(self, users: Sequence[str]) -> set[str]:
+        """Those of ``users`` already in ``IM_MAX_GROUPS_JOINED`` groups (one
+        cache round trip for all of them). Two adds at once may each pass a
+        user one short of the cap: it is exceeded by at most the adds in flight."""
+        cap = self.limits.max_joined
+        counts = await self.cache.groups_of(list(users))
+        full = {u for u, groups in zip(users, counts, strict=True) if len(groups) >= cap}
+        for _ in full:
+            self.refused("max_groups_joined")
+        return full
 
     async def remove(self, caller: str, group: str, user: str) -> None:
         async with self._lease(group):
@@ -156,6 +204,10 @@ class GroupAdmin:
             owner = None if owner == doc["owner"] else owner
             if owner is not None and owner not in await self.store.memberships(group, [owner]):
                 raise ProtocolError("bad_request", "the new owner must be a member")
+            if owner is not None and await self.store.count_owned(owner) >= self.limits.max_owned:
+                self.refused("max_groups_owned")
+                raise ProtocolError("forbidden", f"the new owner owns {self.limits.max_owned} "
+                                    "groups already (IM_MAX_GROUPS_OWNED)")
             await self.store.set_info(group, name=name, owner=owner)
             if name is not None:
                 await self._announce(group, "renamed", [], caller)
@@ -180,11 +232,23 @@ class GroupAdmin:
                 await self.notifier.tell(users[i:i + TELL_CHUNK], GroupDel(group))
 
     # -- reading -----------------------------------------------------------------------
-    async def list_groups(self, user: str) -> list[dict[str, Any]]:
-        """The caller's groups in id order (a dissolved one never shows)."""
-        mine = await self.cache.user_groups(user)
-        docs = await self.store.get_many(sorted(mine))
-        return [_info(docs[g]) for g in sorted(docs) if not docs[g].get("dissolved")]
+    async def list_groups(self, user: str, cursor: str | None = None, limit: int = 100
+                          ) -> dict[str, Any]:
+        """The caller's groups in id order, ``limit`` a page (a dissolved one
+        never shows); ``cursor`` is opaque. Only the page's documents are read."""
+        scope = f"groups:{user}"
+        after = ""
+        if cursor is not None:
+            try:
+                after = decode_cursor(scope, cursor)
+            except BadCursor:
+                raise ProtocolError("bad_request", "cursor: not a cursor of this list") from None
+        ids = sorted(g for g in await self.cache.user_groups(user) if g > after)
+        page, last = seek_page(ids, limit, lambda g: g)
+        docs = await self.store.get_many(page)
+        return {"groups": [_info(docs[g]) for g in page if g in docs
+                           and not docs[g].get("dissolved")],
+                "cursor": encode_cursor(scope, last) if last else None}
 
     async def info(self, user: str, group: str) -> dict[str, Any]:
         doc = await self._live(group)

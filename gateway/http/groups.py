@@ -22,6 +22,7 @@ from gateway.http.common import JSON, READ, WRITE, User, ok
 from gateway.http.models import (
     GroupCreated,
     Id,
+    MembersAdded,
     NewGroup,
     NewMembers,
     Ok,
@@ -33,6 +34,7 @@ from gateway.http.models import (
 __all__ = ["GroupChange", "GroupInfo", "GroupList", "ReadStatus", "install_groups"]
 
 MEMBERS_LIMIT = 1000
+GROUPS_LIMIT = 200
 MemberCursor = Annotated[str | None, Query(min_length=1, max_length=MAX_CURSOR,
                                            description="opaque: the last page's `cursor`")]
 MemberLimit = Annotated[int, Query(ge=1, le=MEMBERS_LIMIT)]
@@ -66,6 +68,7 @@ class GroupInfo(BaseModel):
 
 class GroupList(BaseModel):
     groups: list[GroupInfo]
+    cursor: str | None = Field(description="the next page's `cursor`; null on the last page")
 
 
 class ReadStatus(BaseModel):
@@ -85,16 +88,19 @@ def install_groups(app: FastAPI, admin: GroupAdmin) -> None:
 
 
 def _membership(app: FastAPI, admin: GroupAdmin) -> None:
-    @app.post("/v1/groups", response_model=GroupCreated, responses=WRITE)
+    @app.post("/v1/groups", response_model=GroupCreated, responses={**WRITE, **errors(403)})
     async def create_group(user: User, body: NewGroup) -> JSON:
-        """Create a group; the caller is its owner and a member."""
-        return JSON({"group": await admin.create(user, body.name, body.members)})
+        """Create a group; the caller is its owner and a member. 403 when the
+        caller owns ``IM_MAX_GROUPS_OWNED`` groups or is in
+        ``IM_MAX_GROUPS_JOINED``; 429 past ``IM_GROUP_CREATES_PER_MIN``."""
+        group, refused = await admin.create(user, body.name, body.members)
+        return JSON({"group": group, "refused": refused})
 
-    @app.post("/v1/groups/{group}/members", response_model=Ok, responses=OWNER_WRITE)
+    @app.post("/v1/groups/{group}/members", response_model=MembersAdded, responses=OWNER_WRITE)
     async def add_members(user: User, group: Id, body: NewMembers) -> JSON:
         """Owner only; new members see messages from now on."""
-        await admin.add(user, group, body.members)
-        return ok()
+        refused = await admin.add(user, group, body.members)
+        return JSON({"ok": True, "refused": refused})
 
     @app.delete("/v1/groups/{group}/members/{member}", response_model=Ok,
                 responses=MEMBER_READ)
@@ -118,9 +124,11 @@ def _membership(app: FastAPI, admin: GroupAdmin) -> None:
 
 def _group(app: FastAPI, admin: GroupAdmin) -> None:
     @app.get("/v1/groups", response_model=GroupList, responses=READ)
-    async def my_groups(user: User) -> JSON:
-        """The caller's groups."""
-        return JSON({"groups": await admin.list_groups(user)})
+    async def my_groups(user: User, cursor: MemberCursor = None,
+                        limit: Annotated[int, Query(ge=1, le=GROUPS_LIMIT)] = 100) -> JSON:
+        """The caller's groups in id order, ``limit`` a page (the documents of
+        one page only are read)."""
+        return JSON(await admin.list_groups(user, cursor, limit))
 
     @app.get("/v1/groups/{group}", response_model=GroupInfo, responses=MEMBER_READ)
     async def group_info(user: User, group: Id) -> JSON:

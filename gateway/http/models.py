@@ -31,6 +31,7 @@ __all__ = [
     "ERROR_DESCRIPTIONS",
     "ConversationList",
     "ErrorBody",
+    "MembersAdded",
     "Info",
     "GroupCreated",
     "Health",
@@ -177,6 +178,14 @@ class ConversationList(BaseModel):
 
 class GroupCreated(BaseModel):
     group: str
+    refused: list[str] = Field(description="members left out: each is in "
+                               "IM_MAX_GROUPS_JOINED groups already")
+
+
+class MembersAdded(BaseModel):
+    ok: Literal[True]
+    refused: list[str] = Field(description="users left out: each is in "
+                               "IM_MAX_GROUPS_JOINED groups already")
 
 
 class RoomOnline(BaseModel):

@@ -336,3 +336,16 @@ if TYPE_CHECKING:  # mypy proves each fake satisfies its Protocol
     _r: RouteStore = FakeRoutes()
     _o: OfflineStore = FakeOffline(FakeDedup(), FakeRoutes())
     _m: MessageStore = FakeMessages()
+
+
+class FakeQuotas:
+    """``QuotaStore`` with a clock the test moves (``now``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.counts: dict[tuple[str, str, int], int] = {}
+
+    async def take(self, user: str, what: str, limit: int, window_s: int) -> bool:
+        key = (user, what, int(self.now) // window_s)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return self.counts[key] <= limit

@@ -47,6 +47,11 @@ class FakeGroupStore(Faulty):
         doc = self.groups.get(group)
         return dict(doc) if doc is not None else None
 
+    async def count_owned(self, owner: str) -> int:
+        self._up("count_owned")
+        return sum(1 for d in self.groups.values()
+                   if d["owner"] == owner and not d.get("dissolved"))
+
     async def add_members(self, group: str, users: Sequence[str]) -> tuple[list[str], int]:
         self._up("add_members")
         seq = int(self.groups.get(group, {}).get("seq", 0))

@@ -35,8 +35,8 @@ def plain(entry: Any) -> Any:
 
 
 async def groups_of_bob(world: World) -> tuple[str, str]:
-    big = await world.admin.create("alice", "big", ["bob", "carol"])  # read-diffused
-    small = await world.admin.create("dave", "small", ["bob"])  # write-diffused
+    big, _ = await world.admin.create("alice", "big", ["bob", "carol"])  # read-diffused
+    small, _ = await world.admin.create("dave", "small", ["bob"])  # write-diffused
     return big, small
 
 
@@ -78,7 +78,7 @@ async def test_sync_sees_read_diffused_groups_only_after_the_join(world: World) 
 
 async def test_conversations_sum_both_sides_newest_first(world: World) -> None:
     big, small = await groups_of_bob(world)
-    quiet = await world.admin.create("alice", "quiet", ["bob", "carol"])  # no message
+    quiet, _ = await world.admin.create("alice", "quiet", ["bob", "carol"])  # no message
     await world.chat.send("alice", "bob", "a1", "a1")
     await world.chat.send("alice", "bob", "a2", "a2")
     await world.groups.send("carol", big, "g1", "g1")

@@ -74,7 +74,7 @@ def test_read_status_counts_the_members_who_could_see_it_but_its_sender() -> Non
 
 # -- membership changes and their pushes -------------------------------------------------
 async def test_add_pushes_the_event_before_the_new_members_are_bound(world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob"])
     assert steps(world) == [("push", (["alice", "bob"], ev(g, "added", ["bob"], "alice"))),
                             ("tell", (["alice", "bob"], GroupAdd(g)))]
     await world.admin.add("alice", g, ["carol", "bob", "carol"])
@@ -88,7 +88,7 @@ async def test_add_pushes_the_event_before_the_new_members_are_bound(world: Worl
 
 
 async def test_remove_and_leave_unbind_first_then_push(world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob", "carol"])
+    g, _ = await world.admin.create("alice", "team", ["bob", "carol"])
     steps(world)
     await world.admin.remove("alice", g, "bob")
     removed = ev(g, "removed", ["bob"], "alice")
@@ -109,7 +109,7 @@ async def test_remove_and_leave_unbind_first_then_push(world: World) -> None:
 
 
 async def test_rename_and_hand_over(world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob"])
     steps(world)
     assert await code_of(world.admin.update("bob", g, name="x")) == "forbidden"
     assert await code_of(world.admin.update("alice", g, owner="zed")) == "bad_request"
@@ -124,13 +124,13 @@ async def test_rename_and_hand_over(world: World) -> None:
     assert await code_of(world.admin.update("alice", g, name="y")) == "forbidden"
     await world.admin.leave("alice", g)  # no longer the owner: may leave
     assert await code_of(world.admin.info("alice", g)) == "forbidden"
-    assert await world.admin.list_groups("bob") == [
+    assert (await world.admin.list_groups("bob"))["groups"] == [
         {"group": g, "name": "crew", "owner": "bob", "members": 1}]
 
 
 # -- dissolve ----------------------------------------------------------------------------
 async def test_dissolve_announces_then_retires_every_member(world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob", "carol"])
+    g, _ = await world.admin.create("alice", "team", ["bob", "carol"])
     sent = await world.groups.send("bob", g, "b1", "hello")
     steps(world)
     assert await code_of(world.admin.dissolve("bob", g)) == "forbidden"
@@ -145,7 +145,7 @@ async def test_dissolve_announces_then_retires_every_member(world: World) -> Non
                  world.admin.reads("bob", g, sent.mid), world.admin.dissolve("bob", g)):
         assert await code_of(call) == "not_found"
     await world.admin.dissolve("alice", g)  # the owner's retry: answered again
-    assert await world.admin.list_groups("bob") == []
+    assert await world.admin.list_groups("bob") == {"groups": [], "cursor": None}
     convs = await world.conversations.conversations("bob", 10)
     assert convs == {"total_unread": 0, "conversations": []}
     page, _ = await world.groups.history("bob", g, None, 10)  # history stays readable
@@ -155,7 +155,7 @@ async def test_dissolve_announces_then_retires_every_member(world: World) -> Non
 
 async def test_a_send_that_passed_the_member_check_is_refused_by_the_allocation(
         world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob"])
     await world.stores.groups.dissolve(g)  # the cache still says bob is a member
     assert await world.stores.group_cache.is_member(g, "bob")
     results = await asyncio.gather(*(world.groups.send("bob", g, f"c{i}", i) for i in range(5)),
@@ -168,7 +168,7 @@ async def test_a_send_that_passed_the_member_check_is_refused_by_the_allocation(
 # -- the lease ----------------------------------------------------------------------------
 async def test_changes_of_one_group_wait_for_its_lease(world: World,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    g = await world.admin.create("alice", "team", ["bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob"])
     st = world.stores.groups
     assert await st.lock(g, "other", 0, 10**15)  # another node holds it
     monkeypatch.setattr(group_admin, "LEASE_WAIT_S", 0.05)
@@ -190,8 +190,8 @@ async def test_changes_of_one_group_wait_for_its_lease(world: World,
 # -- members and reads -------------------------------------------------------------------
 async def test_member_pages_with_opaque_cursors(world: World) -> None:
     users = [f"u{i:02d}" for i in range(7)]
-    g = await world.admin.create("alice", "team", users)
-    other = await world.admin.create("alice", "other", users)
+    g, _ = await world.admin.create("alice", "team", users)
+    other, _ = await world.admin.create("alice", "other", users)
     seen: list[str] = []
     cursor = None
     while True:
@@ -220,7 +220,7 @@ async def test_reads_are_counted_from_the_read_seqs(extra: list[str]) -> None:
 
 
 async def _reads(world: World, extra: list[str]) -> None:
-    g = await world.admin.create("alice", "team", ["bob", "carol", *extra])
+    g, _ = await world.admin.create("alice", "team", ["bob", "carol", *extra])
     sent = [await world.groups.send("alice", g, f"a{i}", i) for i in range(3)]
     await world.groups.read("bob", g, sent[1].mid)
     await world.admin.add("alice", g, ["erin"])  # joined after: not counted
@@ -234,3 +234,57 @@ async def _reads(world: World, extra: list[str]) -> None:
     assert await code_of(world.admin.reads("bob", g, 12345)) == "not_found"
     assert await code_of(world.admin.reads("erin", g, sent[0].mid)) == "not_found"  # before
     assert await code_of(world.admin.reads("zed", g, sent[0].mid)) == "forbidden"
+
+
+# -- caps -------------------------------------------------------------------------------
+def capped(**limits: Any) -> World:
+    return build(Settings(group_write_diffusion_max=WD_MAX, **limits))
+
+
+async def test_group_creations_per_minute_are_capped_per_user() -> None:
+    world = capped(group_creates_per_min=2)
+    await world.admin.create("alice", "a", [])
+    await world.admin.create("alice", "b", [])
+    assert await code_of(world.admin.create("alice", "c", [])) == "rate_limited"
+    await world.admin.create("bob", "c", [])  # another user's own budget
+    world.stores.quotas.now += 60  # the next minute
+    await world.admin.create("alice", "c", [])
+    assert world.stores.refusals == ["group_creates_per_min"]
+    await world.close()
+
+
+async def test_groups_owned_are_capped_and_a_handover_past_it_is_refused() -> None:
+    world = capped(max_groups_owned=2)
+    g, _ = await world.admin.create("alice", "a", ["bob"])
+    await world.admin.create("alice", "b", [])
+    try:
+        await world.admin.create("alice", "c", [])
+    except ProtocolError as err:
+        assert err.code == "forbidden" and "IM_MAX_GROUPS_OWNED" in err.message
+    else:
+        raise AssertionError("a third group was created")
+    await world.admin.create("bob", "x", [])
+    await world.admin.create("bob", "y", [])
+    assert await code_of(world.admin.update("alice", g, owner="bob")) == "forbidden"
+    await world.admin.dissolve("alice", g)  # a dissolved group no longer counts
+    await world.admin.create("alice", "c", [])
+    assert world.stores.refusals == ["max_groups_owned"] * 2
+    await world.close()
+
+
+async def test_members_at_their_joined_cap_are_refused_and_the_rest_added() -> None:
+    world = capped(max_groups_joined=2)
+    await world.admin.create("alice", "a", ["carol"])
+    await world.admin.create("bob", "b", ["carol"])  # carol is in 2 groups now
+    g, refused = await world.admin.create("dave", "d", ["carol", "erin"])
+    assert refused == ["carol"]
+    assert (await world.admin.info("erin", g))["members"] == 2  # dave and erin
+    assert await code_of(world.admin.info("carol", g)) == "forbidden"
+    h, _ = await world.admin.create("erin", "e", [])
+    assert await world.admin.add("erin", h, ["carol", "dave"]) == ["carol"]
+    assert sorted(await world.stores.groups.member_ids(h)) == ["dave", "erin"]
+    assert await world.admin.add("erin", h, ["carol"]) == ["carol"]  # nothing added at all
+    # The owner itself at its cap: forbidden, nothing created.
+    assert await code_of(world.admin.create("carol", "c", [])) == "forbidden"
+    assert world.stores.refusals.count("max_groups_joined") == 4
+    await world.close()

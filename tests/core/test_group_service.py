@@ -47,7 +47,7 @@ def stored(world: World, group: str, r: GroupSendResult) -> GroupMessage:
 
 async def test_create_add_remove_tell_the_users_devices(world: World) -> None:
     told = world.control.told
-    g = await world.admin.create("alice", "team", ["bob", "carol", "bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob", "carol", "bob"])
     assert told == [(["alice", "bob", "carol"], GroupAdd(g))]
     assert await world.stores.group_cache.is_member(g, "carol")
 
@@ -66,14 +66,14 @@ async def test_create_add_remove_tell_the_users_devices(world: World) -> None:
 
 
 async def test_a_non_member_cannot_send(world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob"])
     assert await code_of(world.groups.send("carol", g, "c1", "hi")) == "forbidden"
     assert world.stores.groups.allocations == [] and world.stores.dedup.values == {}
 
 
 async def test_seqs_are_consecutive_per_group_across_one_batch(world: World) -> None:
-    g1 = await world.admin.create("alice", "one", ["bob"])
-    g2 = await world.admin.create("alice", "two", ["carol"])
+    g1, _ = await world.admin.create("alice", "one", ["bob"])
+    g2, _ = await world.admin.create("alice", "two", ["carol"])
     order = [g1, g2, g1, g2, g1, g1]
     results = await asyncio.gather(*(world.groups.send("alice", g, f"c{i}", i)
                                      for i, g in enumerate(order)))
@@ -90,8 +90,8 @@ async def test_seqs_are_consecutive_per_group_across_one_batch(world: World) -> 
 
 
 async def test_small_groups_are_write_diffused_big_ones_are_not(world: World) -> None:
-    small = await world.admin.create("alice", "small", ["bob", "carol"])
-    big = await world.admin.create("alice", "big", ["bob", "carol", "dave"])
+    small, _ = await world.admin.create("alice", "small", ["bob", "carol"])
+    big, _ = await world.admin.create("alice", "big", ["bob", "carol", "dave"])
     rs = await world.groups.send("bob", small, "s1", "to the few")
     rb = await world.groups.send("bob", big, "b1", "to the many")
     st = world.stores
@@ -110,7 +110,7 @@ async def test_small_groups_are_write_diffused_big_ones_are_not(world: World) ->
 
 
 async def test_the_frame_is_encoded_once_and_the_same_bytes_go_everywhere(world: World) -> None:
-    g = await world.admin.create("alice", "small", ["bob"])
+    g, _ = await world.admin.create("alice", "small", ["bob"])
     r = await world.groups.send("alice", g, "c1", {"t": "hi"})
     assert r.frame is not None and r.ts == mid_time_ms(r.mid)
     assert orjson.loads(r.frame) == group_frame(stored(world, g, r))
@@ -122,7 +122,7 @@ async def test_the_frame_is_encoded_once_and_the_same_bytes_go_everywhere(world:
 
 
 async def test_a_failed_insert_raises_and_its_seqs_get_tombstones(world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob"])
     st = world.stores.groups
     st.fail("insert")
     failed = await asyncio.gather(world.groups.send("alice", g, "c1", "x"),
@@ -145,7 +145,7 @@ async def test_a_failed_insert_raises_and_its_seqs_get_tombstones(world: World) 
 
 
 async def test_resends_are_answered_from_the_dedup_value(world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob"])
     first = await world.groups.send("alice", g, "c1", "hi")
     again = await world.groups.send("alice", g, "c1", "hi")
     # The same answer, and the push again (the first may have died with its node).
@@ -161,7 +161,7 @@ async def test_resends_are_answered_from_the_dedup_value(world: World) -> None:
 
 
 async def test_a_resend_the_store_knows_gets_the_original_and_burns_its_seq(world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob"])
     first = await world.groups.send("alice", g, "c1", "hi")
     world.stores.dedup.values.clear()  # Redis lost the dedup keys
     again = await world.groups.send("alice", g, "c1", "hi")
@@ -171,7 +171,7 @@ async def test_a_resend_the_store_knows_gets_the_original_and_burns_its_seq(worl
 
 
 async def test_read_returns_seq_minus_read_seq(world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob"])
     sent = [await world.groups.send("alice", g, f"c{i}", i) for i in range(5)]
     assert await world.groups.read("bob", g, sent[2].mid) == 2  # read 3 of 5
     assert world.stores.group_cache.by_user["bob"][g].read_seq == 3
@@ -188,7 +188,7 @@ async def test_read_returns_seq_minus_read_seq(world: World) -> None:
 
 
 async def test_history_starts_after_the_member_joined(world: World) -> None:
-    g = await world.admin.create("alice", "team", ["bob"])
+    g, _ = await world.admin.create("alice", "team", ["bob"])
     before = await world.groups.send("alice", g, "c0", "old")
     await world.admin.add("alice", g, ["carol"])
     after = [await world.groups.send("bob", g, f"c{i}", i) for i in range(1, 4)]

@@ -16,7 +16,7 @@ from gateway.groups.diffusion import GroupDiffusion
 from gateway.groups.service import GroupLimits, GroupService
 from gateway.inbox.conversations import Conversations
 from gateway.metrics import NodeMetrics
-from tests.core.fakes import FakeDedup, FakeMessages, FakeOffline, FakeRoutes
+from tests.core.fakes import FakeDedup, FakeMessages, FakeOffline, FakeQuotas, FakeRoutes
 from tests.core.fakes_groups import FakeControl, FakeGroupCache, FakeGroupStore
 
 __all__ = ["FakeStores", "World", "build"]
@@ -31,6 +31,8 @@ class FakeStores:
     messages: FakeMessages = field(default_factory=FakeMessages)
     groups: FakeGroupStore = field(default_factory=FakeGroupStore)
     group_cache: FakeGroupCache = field(default_factory=FakeGroupCache)
+    quotas: FakeQuotas = field(default_factory=lambda: FakeQuotas())
+    refusals: list[str] = field(default_factory=list)  # caps refused, by name
     offline: FakeOffline = field(init=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +70,7 @@ def build(settings: Settings | None = None, *, node: int = 1,
     control = FakeControl()
     groups = GroupService(f.groups, f.group_cache, claims, mids, diffusion, f.offline,
                           GroupLimits.from_settings(s), metrics)
-    admin = GroupAdmin(f.groups, f.group_cache, control, AdminLimits.from_settings(s))
+    admin = GroupAdmin(f.groups, f.group_cache, control, AdminLimits.from_settings(s),
+                       f.quotas, refused=f.refusals.append)
     conversations = Conversations(chat, groups, s.sync_settle_ms)
     return World(f, claims, chat, groups, admin, control, conversations)

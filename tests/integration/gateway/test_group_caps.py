@@ -1,0 +1,84 @@
+"""Caps that keep one user from putting others in unbounded numbers of groups,
+on a real node: creations per minute, groups owned, groups joined (an add
+past it leaves that user out, in ``refused``), and ``GET /v1/groups`` paged."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from tests.conftest import uid
+
+
+async def test_creations_per_minute_are_capped_across_nodes(make_node, http):
+    node = await make_node(group_creates_per_min=3)
+    node2 = await make_node(group_creates_per_min=3)
+    # The quota counts per wall-clock minute: start well inside one.
+    if time.time() % 60 > 50:
+        await asyncio.sleep(60 - time.time() % 60)
+    a, b = uid("a"), uid("b")
+    ha = http(a, node)
+    made = [await ha.post("/v1/groups", json={"name": f"g{i}"}) for i in range(4)]
+    assert [r.status_code for r in made] == [200, 200, 200, 429]
+    assert made[3].json()["error"]["code"] == "rate_limited"
+    assert "IM_GROUP_CREATES_PER_MIN" in made[3].json()["error"]["message"]
+    assert made[0].json()["refused"] == []
+    # Another user's budget is its own.
+    hb = http(b, node)
+    assert (await hb.post("/v1/groups", json={"name": "b"})).status_code == 200
+    # The same user on another node: the minute's count is shared.
+    assert (await http(a, node2).post("/v1/groups", json={"name": "g4"})).status_code == 429
+
+
+async def test_owned_cap(make_node, http):
+    node = await make_node(max_groups_owned=2)
+    ha = http(uid("a"), node)
+    assert [(await ha.post("/v1/groups", json={"name": f"g{i}"})).status_code
+            for i in range(3)] == [200, 200, 403]
+    err = (await ha.post("/v1/groups", json={"name": "x"})).json()["error"]
+    assert err["code"] == "forbidden" and "IM_MAX_GROUPS_OWNED" in err["message"]
+    async with httpx.AsyncClient() as c:
+        metrics = (await c.get(f"http://127.0.0.1:{node.metrics_port}/metrics")).text
+    assert 'im_limit_refusals_total{limit="max_groups_owned"} 2.0' in metrics
+
+
+async def test_a_user_at_its_joined_cap_is_refused_and_the_rest_added(make_node, http):
+    node = await make_node(max_groups_joined=2)
+    victim, other = uid("v"), uid("o")
+    owners = [uid("a"), uid("b"), uid("c")]
+    for o in owners[:2]:
+        r = await http(o, node).post("/v1/groups", json={"name": "n", "members": [victim]})
+        assert r.json()["refused"] == []
+    hc = http(owners[2], node)
+    r = await hc.post("/v1/groups", json={"name": "n", "members": [victim, other]})
+    assert r.status_code == 200 and r.json()["refused"] == [victim]
+    g = r.json()["group"]
+    r = await hc.post(f"/v1/groups/{g}/members", json={"members": [victim]})
+    assert r.json() == {"ok": True, "refused": [victim]}
+    assert (await http(victim, node).get(f"/v1/groups/{g}")).status_code == 403
+    assert (await http(other, node).get(f"/v1/groups/{g}")).json()["members"] == 2
+    mine = (await http(victim, node).get("/v1/groups")).json()
+    assert len(mine["groups"]) == 2 and mine["cursor"] is None
+
+
+async def test_my_groups_are_paged(make_node, http):
+    node = await make_node()
+    user = uid("u")
+    hu = http(user, node)
+    made = sorted([(await hu.post("/v1/groups", json={"name": f"g{i}"})).json()["group"]
+                   for i in range(5)])
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = (await hu.get("/v1/groups", params=params)).json()
+        seen += [x["group"] for x in page["groups"]]
+        pages += 1
+        cursor = page["cursor"]
+        if cursor is None:
+            break
+    assert seen == made and pages == 3
+    r = await http(uid("x"), node).get("/v1/groups", params={"cursor": cursor or "AAAA"})
+    assert r.status_code == 400  # another list's cursor, or none at all
+    assert (await hu.get("/v1/groups", params={"limit": 201})).status_code == 400
