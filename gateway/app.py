@@ -249,7 +249,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
 
 
     server = ServerDeps(chat, groups, live, router, moderation, notify, query.devices,
-                        s.max_body, events) if s.api_key_list else None
+                        s.max_body, events, s.push_confirm_ms / 1000) if s.api_key_list else None
     http = build_http(HttpDeps(name, verifier, chat, conversations,
                                group_admin, feed, live, metrics, healthy,
                                limits=HttpLimits.from_settings(s),

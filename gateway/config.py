@@ -62,6 +62,7 @@ class Settings:
     pending_max: int = 20_000  # sends queued in a node before new ones get unavailable
     group_max_members: int = 100_000
     group_write_diffusion_max: int = 100  # groups up to this size: a box entry per member
+    push_confirm_ms: int = 500  # an ack waits this long at most for its pushes' hand-off
     max_groups_owned: int = 200  # groups one user owns
     max_groups_joined: int = 2000  # groups one user is a member of (an add past it: refused)
     group_creates_per_min: int = 10  # groups one user creates per minute, across the nodes
@@ -172,7 +173,8 @@ class Settings:
                      "recall_window_s",
                      "presence_subs_max", "room_history_ttl_s", "room_reorder_ms",
                      "room_write_chunk", "room_write_at_once", "listen_backlog",
-                     "max_groups_owned", "max_groups_joined", "group_creates_per_min"):
+                     "max_groups_owned", "max_groups_joined", "group_creates_per_min",
+                     "push_confirm_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s", "room_history",

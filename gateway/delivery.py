@@ -42,24 +42,27 @@ class Pusher(Protocol):
     """``router.Router``, as a session sees it: pushes after an ack."""
 
     def push(self, user: str, frame: bytes, routes: dict[str, str] | None,
-             skip_conn: int | None = None) -> None: ...
+             skip_conn: int | None = None,
+             confirms: list[asyncio.Future[None]] | None = None) -> None: ...
 
-    def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None
-                      ) -> None: ...
+    def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None,
+                      confirms: list[asyncio.Future[None]] | None = None) -> None: ...
 
     def live_routes(self, routes: Mapping[str, str] | None, now: float) -> int: ...
 
 
 def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, result: SendResult,
-              body: bytes, skip_conn: int | None = None) -> None:
+              body: bytes, skip_conn: int | None = None,
+              confirms: list[asyncio.Future[None]] | None = None) -> None:
     """After a 1:1 ack: the message to the receiver's devices and the sender's
     others (a duplicate's again while recent: ``result.repeat``), and
     ``offline.msg`` when the receiver has no device on a live node (never for a
     duplicate). The WebSocket and the server API share it."""
     if result.frame is None:
         return
-    pusher.push(to, result.frame, result.receiver_routes)
-    pusher.push(sender, result.frame, result.sender_routes, skip_conn=skip_conn)
+    pusher.push(to, result.frame, result.receiver_routes, confirms=confirms)
+    pusher.push(sender, result.frame, result.sender_routes, skip_conn=skip_conn,
+                confirms=confirms)
     if events is not None and not result.repeat:
         now = time.time()
         if not pusher.live_routes(result.receiver_routes, now):
@@ -67,16 +70,34 @@ def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, resul
 
 
 def push_group_sent(pusher: Pusher, events: Events | None, sender: str, group: str,
-                    result: GroupSendResult, body: bytes, skip_conn: int | None = None) -> None:
+                    result: GroupSendResult, body: bytes, skip_conn: int | None = None,
+                    confirms: list[asyncio.Future[None]] | None = None) -> None:
     """After a group ack: one envelope per node bound to the group (a duplicate's
     again while recent), and the group's events (``offline.msg`` for its offline
     members or one ``offline.group``, found by the events worker, not here;
     never for a duplicate)."""
     if result.frame is None:
         return
-    pusher.publish_group(group, result.frame, skip_conn=skip_conn)
+    pusher.publish_group(group, result.frame, skip_conn=skip_conn, confirms=confirms)
     if events is not None and not result.repeat:
         events.group_msg(group, result.mid, result.seq, sender, body, diffused=result.diffused)
+
+
+async def handed_over(confirms: list[asyncio.Future[None]], wait_s: float) -> None:
+    """Wait, at most ``wait_s``, for the broker to confirm the envelopes carrying
+    a send's pushes, so its ack never precedes their hand-off: a node killed
+    in between leaves the sender without an ack, and its resend pushes again.
+    A failed or slow publish does not fail the send (it is stored; the router
+    sends it again once the broker is back, and replays the gap)."""
+    for fut in confirms:  # whatever comes of them, nobody is left unretrieved
+        fut.add_done_callback(_retrieve)
+    if confirms:
+        await asyncio.wait(confirms, timeout=wait_s)
+
+
+def _retrieve(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def entries_since(offline: OfflineStore, users: list[str], since: int

@@ -83,6 +83,7 @@ class Router:
         self._records: dict[str, list[envelope.Record]] = defaultdict(list)
         self._key_records: dict[str, list[envelope.Record]] = {}
         self._key_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._node_waiters: dict[str, list[asyncio.Future[None]]] = {}
         # Rooms that keep history: positions first (built here, fed to ``_room_out``).
         self.positions = positions(self._positioned) if positions is not None else None
         self._flush_scheduled = False
@@ -148,8 +149,11 @@ class Router:
 
     # -- outgoing ------------------------------------------------------------
     def push(self, user: str, frame: bytes, routes: Mapping[str, str] | None,
-             skip_conn: int | None = None) -> None:
-        """Send ``frame`` to every device of ``user``: local at once, remote queued."""
+             skip_conn: int | None = None,
+             confirms: list[asyncio.Future[None]] | None = None) -> None:
+        """Send ``frame`` to every device of ``user``: local at once, remote queued.
+        ``confirms`` gets one future per other node, settled by the broker's
+        confirm of the tick's envelope to it (a send's ack waits on them)."""
         self.stats["local_writes"] += self.local.deliver_to_user(user, frame, skip_conn)
         if not routes:
             return
@@ -165,6 +169,10 @@ class Router:
                 dead.append(field)
         for node in nodes:
             self._records[node].append(({USERS: [user]}, frame))
+            if confirms is not None:
+                fut = asyncio.get_running_loop().create_future()
+                self._node_waiters.setdefault(node, []).append(fut)
+                confirms.append(fut)
         if nodes:
             self._schedule_flush()
         if dead:
@@ -227,14 +235,20 @@ class Router:
             if found[user]:
                 self.push(user, frame, found[user], skip_conn)
 
-    def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None) -> None:
+    def publish_group(self, group: str, frame: bytes, skip_conn: int | None = None,
+                      confirms: list[asyncio.Future[None]] | None = None) -> None:
         """A stored group message to this node's members' devices at once, and to
         every other node holding one of its members (bound to the group's key):
         one envelope per group per loop tick, no message per member. Best
-        effort: members catch up by sync."""
+        effort: members catch up by sync. ``confirms`` gets a future settled by
+        the broker's confirm of that envelope."""
         if self.groups is not None:
             self.groups.deliver_group(group, frame, skip_conn)
         self._to_key(group_key(group), {GROUP: group}, frame)
+        if confirms is not None:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._wait(group_key(group), fut)
+            confirms.append(fut)
 
     async def publish_group_confirmed(self, group: str, frame: bytes) -> None:
         """``publish_group``, returning once the broker confirmed the envelope
@@ -303,8 +317,10 @@ class Router:
     def _flush(self) -> None:
         self._flush_scheduled = False
         records, self._records = self._records, defaultdict(list)
+        node_waiters, self._node_waiters = self._node_waiters, {}
         for node, recs in records.items():
-            self._enqueue(("node", node, envelope.encode(recs), None), len(recs))
+            self._enqueue(("node", node, envelope.encode(recs), node_waiters.get(node)),
+                          len(recs))
         keys, self._key_records = self._key_records, {}
         waiters, self._key_waiters = self._key_waiters, {}
         for key, recs in keys.items():

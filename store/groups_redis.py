@@ -27,6 +27,9 @@ from store.redis_client import Batch, Lua, RedisClient, redis_guard
 __all__ = ["GroupCacheRedis"]
 
 MARK = "~"  # not a valid id: marks a set or hash as complete
+# Every key here is a cache of MongoDB (complete only with its MARK or 'ok'):
+# each expires this long after its last write and is rebuilt when next read.
+CACHE_TTL_S = 7 * 86_400
 CHUNK = 1000  # users per pipeline when a call touches every member
 RECALLED_KEPT = 1000  # recalled seqs a group's state keeps (older ones count as unread again)
 
@@ -90,7 +93,10 @@ class GroupCacheRedis:
     async def _rebuild_members(self, group: str) -> list[str]:
         members = await self.store.member_ids(group)
         async with redis_guard():
-            await self.redis.sadd(self.keys.group_members(group), MARK, *members)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.sadd(self.keys.group_members(group), MARK, *members)
+            pipe.expire(self.keys.group_members(group), CACHE_TTL_S)
+            await pipe.execute()
         return members
 
     async def added(self, group: str, users: Sequence[str], from_seq: int,
@@ -100,9 +106,11 @@ class GroupCacheRedis:
         async with redis_guard():
             pipe = self.redis.pipeline(transaction=False)
             pipe.sadd(self.keys.group_members(group), *users, *([MARK] if complete else []))
+            pipe.expire(self.keys.group_members(group), CACHE_TTL_S)
             for u in users:
                 pipe.hset(self.keys.user_groups(u), mapping={group: from_seq,
                                                              f"r:{group}": from_seq})
+                pipe.expire(self.keys.user_groups(u), CACHE_TTL_S)
             await pipe.execute()
 
     async def removed(self, group: str, user: str) -> None:
@@ -120,6 +128,7 @@ class GroupCacheRedis:
             pipe = self.redis.pipeline(transaction=False)
             pipe.delete(self.keys.group_members(group))
             pipe.sadd(self.keys.group_members(group), MARK)
+            pipe.expire(self.keys.group_members(group), CACHE_TTL_S)
             await pipe.execute()
             for i in range(0, len(users), CHUNK):
                 pipe = self.redis.pipeline(transaction=False)
@@ -207,12 +216,14 @@ class GroupCacheRedis:
             pipe.hsetnx(key, g, m.from_seq)
             pipe.hsetnx(key, f"r:{g}", m.read_seq)
         pipe.hset(key, MARK, 1)
+        pipe.expire(key, CACHE_TTL_S)
 
     async def set_read(self, user: str, group: str, seq: int) -> int | None:
         """Move the read seq forward; None if ``user`` is not a member."""
         await self.user_groups(user)  # make sure the hash is complete
         async with redis_guard():
-            value = await self._read(self.redis, [self.keys.user_groups(user)], [group, seq])
+            value = await self._read(self.redis, [self.keys.user_groups(user)],
+                                     [group, seq, CACHE_TTL_S])
         return None if value is None or value is False else int(value)
 
     # -- group state --------------------------------------------------------------
@@ -262,7 +273,8 @@ class GroupCacheRedis:
         async with redis_guard():
             await self._state(self.redis, keys=[self.keys.group_state(group)], args=[
                 doc.get("seq", 0), doc.get("lastmid", 0),
-                self.encode_last(last) if last else "", doc.get("rdmid", 0), "1"])
+                self.encode_last(last) if last else "", doc.get("rdmid", 0), "1",
+                CACHE_TTL_S])
             if recalled:
                 await self.redis.hsetnx(self.keys.group_state(group), "rc",  # type: ignore[misc]
                                         ",".join(str(q) for q in sorted(recalled)))
@@ -273,7 +285,8 @@ class GroupCacheRedis:
     async def created(self, group: str) -> None:
         """A new group's state is known in full: seq 0, no message."""
         async with redis_guard():
-            await self._state(self.redis, [self.keys.group_state(group)], [0, 0, "", 0, "1"])
+            await self._state(self.redis, [self.keys.group_state(group)],
+                              [0, 0, "", 0, "1", CACHE_TTL_S])
 
     async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
                      senders: Sequence[tuple[str, str, int]] = ()) -> None:
@@ -283,7 +296,8 @@ class GroupCacheRedis:
             batch = Batch(self.redis)
             for g, seq, lastmid, last, rdmid in updates:
                 batch.script(self._state, keys=[self.keys.group_state(g)],
-                             args=[seq, lastmid, last, rdmid, "0"])
+                             args=[seq, lastmid, last, rdmid, "0", CACHE_TTL_S])
             for user, g, seq in senders:
-                batch.script(self._read, keys=[self.keys.user_groups(user)], args=[g, seq])
+                batch.script(self._read, keys=[self.keys.user_groups(user)],
+                             args=[g, seq, CACHE_TTL_S])
             await batch.execute()

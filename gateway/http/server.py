@@ -12,6 +12,7 @@ broker's confirm) and the state a handshake reads is written.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from pydantic import Field, StrictInt
 
 from gateway import frames
 from gateway.chat.service import ChatService
-from gateway.delivery import Pusher, push_group_sent, push_sent
+from gateway.delivery import Pusher, handed_over, push_group_sent, push_sent
 from gateway.events import Events
 from gateway.groups.service import GroupService
 from gateway.http.common import UserList, user_list
@@ -57,6 +58,7 @@ class ServerDeps:
     presence: Callable[[list[str]], Awaitable[list[tuple[int, int | None]]]]
     max_body: int
     events: Events | None = None
+    push_confirm_s: float = 0.5  # IM_PUSH_CONFIRM_MS
 
 
 # -- bodies and answers ------------------------------------------------------------
@@ -131,7 +133,9 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
         idempotent by (``from``, ``cmid``) exactly like the WebSocket ``send``."""
         body = encode_body(req.body, d.max_body)
         result = await d.chat.send(req.from_, req.to, req.cmid, body)
-        push_sent(d.pusher, d.events, req.from_, req.to, result, body)
+        confirms: list[asyncio.Future[None]] = []
+        push_sent(d.pusher, d.events, req.from_, req.to, result, body, confirms=confirms)
+        await handed_over(confirms, d.push_confirm_s)
         return {"mid": result.mid, "ts": result.ts}
 
     @app.post("/v1/server/group_send", response_model=GroupSent, responses=SERVER,
@@ -140,7 +144,10 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
         """A group message from ``from``, who need not be a member."""
         body = encode_body(req.body, d.max_body)
         result = await d.groups.send(req.from_, req.group, req.cmid, body, as_server=True)
-        push_group_sent(d.pusher, d.events, req.from_, req.group, result, body)
+        confirms: list[asyncio.Future[None]] = []
+        push_group_sent(d.pusher, d.events, req.from_, req.group, result, body,
+                        confirms=confirms)
+        await handed_over(confirms, d.push_confirm_s)
         return {"mid": result.mid, "seq": result.seq, "ts": result.ts}
 
     @app.post("/v1/server/rooms/{room}/publish", response_model=Ok, responses=SERVER,

@@ -65,12 +65,13 @@ class SessionLimits:
     op_burst: int = 600
     refuse_rate: float = 10.0
     refuse_burst: int = 100
+    push_confirm_s: float = 0.5  # IM_PUSH_CONFIRM_MS: an ack waits for its pushes' hand-off
 
     @classmethod
     def from_settings(cls, s: Settings) -> SessionLimits:
         return cls(s.max_body, s.bad_frame_limit, s.send_rate, s.send_burst,
                    op_rate=s.op_rate, op_burst=s.op_burst, refuse_rate=s.refuse_rate,
-                   refuse_burst=s.refuse_burst)
+                   refuse_burst=s.refuse_burst, push_confirm_s=s.push_confirm_ms / 1000)
 
 
 @dataclass(frozen=True, slots=True)

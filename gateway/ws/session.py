@@ -30,7 +30,7 @@ from gateway import frames, wire
 from gateway import protocol as p
 from gateway.auth import Token, TokenVerifier, bearer_token
 from gateway.chat.service import ChatService
-from gateway.delivery import Pusher, push_group_sent, push_sent
+from gateway.delivery import Pusher, handed_over, push_group_sent, push_sent
 from gateway.errors import ProtocolError
 from gateway.events import Events
 from gateway.groups.service import GroupService
@@ -188,19 +188,23 @@ class Sessions:
         )
         if result is None:
             return
+        confirms: list[asyncio.Future[None]] = []
+        push_sent(self.pusher, self.events, client.user, f.to, result, f.body,
+                  skip_conn=client.id, confirms=confirms)
+        await handed_over(confirms, self.limits.push_confirm_s)
         self._send_bytes(client, frames.ack(f.id, f.cmid, result.mid, result.ts))
         self.metrics.send_latency.observe(time.perf_counter() - started)
-        push_sent(self.pusher, self.events, client.user, f.to, result, f.body,
-                  skip_conn=client.id)
 
     async def op_group_send(self, client: Client, f: p.GroupSend) -> None:
         result = await self._guarded(
             client, f.id, lambda: self.groups.send(client.user, f.group, f.cmid, f.body))
         if result is None:
             return
-        self._send_bytes(client, frames.ack(f.id, f.cmid, result.mid, result.ts, result.seq))
+        confirms: list[asyncio.Future[None]] = []
         push_group_sent(self.pusher, self.events, client.user, f.group, result, f.body,
-                        skip_conn=client.id)
+                        skip_conn=client.id, confirms=confirms)
+        await handed_over(confirms, self.limits.push_confirm_s)
+        self._send_bytes(client, frames.ack(f.id, f.cmid, result.mid, result.ts, result.seq))
 
     async def op_read(self, client: Client, f: p.Read) -> None:
         done = await self._guarded(

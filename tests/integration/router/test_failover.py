@@ -97,3 +97,34 @@ async def test_rabbitmq_link_cut_mid_soak(make_node, connect, proxy):
     result = await soak.finish()
     report("rabbitmq link cut", result)
     assert_nothing_acked_was_lost(result)
+
+
+async def test_an_ack_never_precedes_the_hand_off_of_its_pushes(node_process, make_node,
+                                                                connect, proxy):
+    """A node killed right after a send's ack must not take the push with it:
+    the ack waits for the broker to confirm the envelope carrying the push.
+    The sender's node reaches RabbitMQ through a proxy that holds every chunk
+    0.3 s, and one send's publish is still waiting for its confirm when the
+    next one is acked, so the second push would sit in the node's outbox for
+    a while after its ack; the node is killed with SIGKILL on that ack."""
+    amqp = await proxy(amqp_port())
+    sender_node = await node_process(amqp_url=amqp_through(amqp), push_confirm_ms=10_000,
+                                     **FAST_HEARTBEAT)
+    receiver_node = await make_node(**FAST_HEARTBEAT)
+    alice, carol, bob = uid("a"), uid("c"), uid("b")
+    a, c = await connect(sender_node, alice), await connect(sender_node, carol)
+    b = await connect(receiver_node, bob)
+    warm = await a.request("send", to=bob, cmid="warm", body="0", timeout=15)
+    assert (await b.next_push("msg", timeout=15))["mid"] == warm["mid"]  # routed, bound
+
+    amqp.slow(0.3)
+    first = asyncio.create_task(a.request("send", to=bob, cmid="m1", body="1", timeout=15))
+    await asyncio.sleep(0.1)  # m1's envelope is out, its confirm not back yet
+    second = await c.request("send", to=bob, cmid="m2", body="2", timeout=15)
+    assert second["op"] == "ack"
+    sender_node.kill()
+    first.cancel()
+    amqp.restore()
+    got = set()
+    while second["mid"] not in got:
+        got.add((await b.next_push("msg", timeout=10))["mid"])
