@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from core.client_ip import Proxies
 from router.amqp_urls import AmqpUrlError, parse_amqp_urls
 from store.redis_urls import cluster_seeds
 
@@ -62,6 +63,12 @@ class Settings:
     pending_max: int = 20_000  # sends queued in a node before new ones get unavailable
     group_max_members: int = 100_000
     group_write_diffusion_max: int = 100  # groups up to this size: a box entry per member
+    # Per client address, at the WebSocket edge (0: no limit). Behind a proxy the
+    # address comes from X-Forwarded-For, believed only from IM_TRUSTED_PROXIES.
+    ip_handshake_rate: float = 50.0  # handshakes per second per address...
+    ip_handshake_burst: int = 200  # ... with this many saved up
+    max_conns_per_ip: int = 2000  # open connections per address on a node
+    trusted_proxies: str = ""  # comma-separated addresses or CIDR blocks
     push_confirm_ms: int = 500  # an ack waits this long at most for its pushes' hand-off
     max_groups_owned: int = 200  # groups one user owns
     max_groups_joined: int = 2000  # groups one user is a member of (an add past it: refused)
@@ -178,13 +185,18 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s", "room_history",
-                     "group_write_diffusion_max", "group_max_members", "feed_push_max"):
+                     "group_write_diffusion_max", "group_max_members", "feed_push_max",
+                     "ip_handshake_rate", "ip_handshake_burst", "max_conns_per_ip"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"IM_{name.upper()} must not be negative")
         self._validate_edge()
 
     def _validate_edge(self) -> None:
         """The HTTP edge and token settings."""
+        try:
+            Proxies.parse(self.trusted_proxies)
+        except ValueError as exc:
+            raise ConfigError(f"IM_TRUSTED_PROXIES: {exc}") from None
         if self.env not in ("development", "production"):
             raise ConfigError("IM_ENV must be development or production")
         if self.auth_secret in PUBLIC_SECRETS:

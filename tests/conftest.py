@@ -77,11 +77,16 @@ def _own_redis_guard(request: pytest.FixtureRequest, settings: dict[str, Any]) -
                     "(give it redis_url=, or drop the mark)")
 
 
+# Every test connects from 127.0.0.1, some thousands of times: the per-address
+# limits are off unless a test sets them (tests/integration/gateway/test_ip_limits.py).
+NO_IP_LIMITS = {"ip_handshake_rate": 0, "max_conns_per_ip": 0}
+
+
 def base_settings(**overrides: Any) -> Settings:
     env = {k: v for k, v in os.environ.items() if k in
            ("IM_REDIS_URL", "IM_REDIS_CLUSTER", "IM_MONGO_URL", "IM_AMQP_URL")}
     values: dict[str, Any] = {"namespace": RUN_NS, "auth_secret": SECRET, "ws_port": 0,
-                              "http_port": 0, "metrics_port": 0, "node_id": -1}
+                              "http_port": 0, "metrics_port": 0, "node_id": -1, **NO_IP_LIMITS}
     values.update(overrides)
     return Settings.from_env(env, **values)
 
@@ -157,7 +162,7 @@ async def node_process(mongo_db: Any, request: pytest.FixtureRequest
     async def factory(**settings: Any) -> NodeProcess:
         _own_redis_guard(request, settings)
         env = node_env(namespace=RUN_NS, auth_secret=SECRET, ws_port=0, http_port=0,
-                       metrics_port=0, **settings)
+                       metrics_port=0, **{**NO_IP_LIMITS, **settings})
         proc = NodeProcess(env)
         procs.append(proc)
         return await proc.start()

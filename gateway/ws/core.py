@@ -82,10 +82,16 @@ class ConnectionLimits:
     max_conns_per_user: int
     max_inflight: int
     reply_buffer_max: int
+    ip_handshake_rate: float = 0.0  # per client address (0: no limit)
+    ip_handshake_burst: int = 0
+    max_conns_per_ip: int = 0
+    trusted_proxies: str = ""
 
     @classmethod
     def from_settings(cls, s: Settings) -> ConnectionLimits:
-        return cls(s.max_conns_per_user, s.max_inflight, s.reply_buffer_max)
+        return cls(s.max_conns_per_user, s.max_inflight, s.reply_buffer_max,
+                   s.ip_handshake_rate, s.ip_handshake_burst, s.max_conns_per_ip,
+                   s.trusted_proxies)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
+from core.client_ip import IpLimits, Proxies, client_ip
 from core.errors import Unavailable
 from gateway import frames, wire
 from gateway import protocol as p
@@ -75,8 +76,11 @@ class Sessions:
         self.moderation = moderation
         self.ops = ops
         self.events = events
-        self._tokens: weakref.WeakKeyDictionary[ServerConnection, Token] = \
+        self._tokens: weakref.WeakKeyDictionary[ServerConnection, tuple[Token, str]] = \
             weakref.WeakKeyDictionary()
+        self._proxies = Proxies.parse(conns.trusted_proxies)
+        self._ips = IpLimits(conns.ip_handshake_rate, conns.ip_handshake_burst,
+                             conns.max_conns_per_ip)
         self._expiries = ExpiryWheel(self._expired)
         self.limits = limits
         # Op name -> its handler, ``op_<name>`` (gateway.protocol.OPS): a row
@@ -91,6 +95,15 @@ class Sessions:
             return conn.respond(HTTPStatus.NOT_FOUND, "WebSocket endpoint is /ws\n")
         if self.draining():
             return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "node is draining\n")
+        ip = client_ip(str(conn.remote_address[0]) if conn.remote_address else "",
+                       request.headers.get("X-Forwarded-For"), self._proxies)
+        refused = self._ips.admit(ip, time.monotonic())
+        if refused is not None:
+            self.metrics.limit_refusals.labels(f"ip_{refused}").inc()
+            what = ("handshakes per second" if refused == "handshakes"
+                    else "open connections on a node")
+            return conn.respond(HTTPStatus.TOO_MANY_REQUESTS,
+                                f"too many {what} from this address\n")
         # (No new attribute on ``conn``: that would un-share its instance dict,
         # ~1.3 KB per idle connection. The token waits in a weak map instead.)
         token = bearer_token(request.headers.get("Authorization")) or _query_token(request.path)
@@ -107,7 +120,7 @@ class Sessions:
                                 f"at most {self.conns.max_conns_per_user} connections "
                                 "per user on a node\n")
         conn.username = user
-        self._tokens[conn] = checked  # read once by handle
+        self._tokens[conn] = (checked, ip)  # read once by handle
         return None
 
     # -- connection ----------------------------------------------------------
@@ -117,10 +130,11 @@ class Sessions:
         ws.request, ws.response = _HANDSHAKE_DONE, None
         core = sc.SessionCore(self.limits, time.monotonic())  # budgets, bad frames
         client = Client(ws.username, ws)
-        token = self._tokens.pop(ws)
+        token, ip = self._tokens.pop(ws)
         client.iat = token.iat or 0.0
         self._expiries.set(client, token.exp)
         closing: asyncio.Task[None] | None = None
+        self._ips.opened(ip)
         try:
             await self.registry.connected(client)
             if self.moderation.held_back(client):  # banned or revoked while it connected
@@ -151,6 +165,7 @@ class Sessions:
         except ConnectionClosed:
             pass
         finally:
+            self._ips.closed(ip)
             self._expiries.discard(client)
             if closing is not None:
                 await asyncio.gather(closing, return_exceptions=True)

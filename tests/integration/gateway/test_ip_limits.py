@@ -1,0 +1,57 @@
+"""Per client address limits at the WebSocket edge, on a real node: handshakes
+per second and open connections per address (429 with the reason), and
+``X-Forwarded-For`` believed only from a trusted proxy."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+
+from testkit.device import Device
+from tests.conftest import token, uid
+
+
+async def _refused(node, user: str, **kw) -> str:
+    with pytest.raises(InvalidStatus) as info:
+        await Device.open(node.ws_port, token(user), **kw)
+    assert info.value.response.status_code == 429
+    return info.value.response.body.decode()
+
+
+async def _count(node, name: str) -> float:
+    async with httpx.AsyncClient() as c:
+        text = (await c.get(f"http://127.0.0.1:{node.metrics_port}/metrics")).text
+    line = [x for x in text.splitlines()
+            if x.startswith(f'im_limit_refusals_total{{limit="{name}"}}')]
+    return float(line[0].split()[-1]) if line else 0.0
+
+
+async def test_open_connections_per_address_are_capped(make_node, connect):
+    node = await make_node(max_conns_per_ip=3, ip_handshake_rate=1000, ip_handshake_burst=1000)
+    held = [await connect(node, uid("u")) for _ in range(3)]
+    assert "open connections" in await _refused(node, uid("u"))
+    assert await _count(node, "ip_connections") == 1
+    await held[0].close()
+    await connect(node, uid("u"))  # a closed one frees its place
+
+
+async def test_handshakes_per_second_per_address_are_capped(make_node, connect):
+    node = await make_node(ip_handshake_rate=0.001, ip_handshake_burst=2, max_conns_per_ip=0)
+    await connect(node, uid("u"))
+    await connect(node, uid("u"))
+    assert "handshakes per second" in await _refused(node, uid("u"))
+    assert await _count(node, "ip_handshakes") == 1
+
+
+async def test_forwarded_for_counts_only_from_a_trusted_proxy(make_node, connect):
+    # 127.0.0.1 is not trusted: a client's own header changes nothing.
+    node = await make_node(max_conns_per_ip=1, ip_handshake_rate=0)
+    await connect(node, uid("u"), additional_headers={"X-Forwarded-For": "198.51.100.1"})
+    await _refused(node, uid("u"), additional_headers={"X-Forwarded-For": "198.51.100.2"})
+    # Trusted: each forwarded address is counted on its own.
+    proxied = await make_node(max_conns_per_ip=1, ip_handshake_rate=0,
+                              trusted_proxies="127.0.0.1")
+    await connect(proxied, uid("u"), additional_headers={"X-Forwarded-For": "198.51.100.1"})
+    await connect(proxied, uid("u"), additional_headers={"X-Forwarded-For": "198.51.100.2"})
+    await _refused(proxied, uid("u"), additional_headers={"X-Forwarded-For": "198.51.100.1"})
