@@ -28,6 +28,7 @@ from gateway.bindings import Bindings
 from gateway.chat.claims import Claims
 from gateway.chat.service import ChatLimits, ChatService
 from gateway.config import Settings
+from gateway.contacts.service import Privacy, RelationLimits, Relations
 from gateway.delivery import Replay
 from gateway.events import Events
 from gateway.feed.fanout import TimelineFanout
@@ -58,6 +59,7 @@ from router.controls import (
     Controls,
     GroupAdd,
     GroupDel,
+    RelationChange,
     Revoke,
     RoomKick,
     RoomMute,
@@ -193,9 +195,19 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     diffusion = GroupDiffusion(stores.group_cache, stores.messages, stores.offline)
     groups = GroupService(stores.groups, stores.group_cache, claims, mids, diffusion,
                           stores.offline, GroupLimits.from_settings(s), metrics, inflight)
+    def refused(cap: str) -> None:
+        metrics.limit_refusals.labels(cap).inc()
+
+    async def relations_changed(users: list[str]) -> None:
+        await router.tell_all(users, RelationChange())
+
+    relations = Relations(stores.relations, stores.quotas, RelationLimits(
+        Privacy(s.privacy_dm, s.privacy_presence, s.privacy_group_add),
+        s.max_new_convs_per_day), refused, tell_all=relations_changed)
+    controls.handle(RelationChange, relations.apply_control)
     group_admin = GroupAdmin(stores.groups, stores.group_cache, router,
-                             AdminLimits.from_settings(s), stores.quotas,
-                             refused=lambda cap: metrics.limit_refusals.labels(cap).inc())
+                             AdminLimits.from_settings(s), stores.quotas, refused=refused,
+                             may_not_add=relations.refused_adds)
     marks: dict[str, int] = {}  # the other nodes' oldest mid in flight (Node shares them)
 
     def low_mark() -> int | None:
@@ -214,7 +226,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                             router, feed_frame, timeline_max=s.feed_timeline_max,
                             queue_max=s.feed_queue_max)
     feed = FeedService(stores.follows, stores.posts, stores.timelines, stores.feed_cache,
-                       stores.counters, fanout, mids, FeedLimits.from_settings(s))
+                       stores.counters, fanout, mids, FeedLimits.from_settings(s),
+                       followed=lambda a, b: relations.changed(a, b))
     events = Events(name, router.publish_event,
                     _EventSources(conversations, stores.group_cache, stores.routes, router),
                     s.event_types, pending_max=s.events_pending_max,
@@ -234,10 +247,11 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     query = PresenceQuery(stores.routes, router.live_routes)
     verifier = TokenVerifier.from_settings(s)
     ops = MessageOps(conversations, chat, groups, router, s.recall_window_s,
-                     lambda g, conn: conn in (group_hub.members.get(g) or {}), watchers, query)
+                     lambda g, conn: conn in (group_hub.members.get(g) or {}), watchers, query,
+                     relations)
     sessions = Sessions(SessionLimits.from_settings(s), ConnectionLimits.from_settings(s),
                         registry, chat, groups, conversations, live, router, metrics,
-                        draining, verifier, moderation, ops, events)
+                        draining, verifier, moderation, ops, events, relations)
 
     async def notify(users: list[str], frame: bytes) -> int:
         reached = 0
@@ -249,14 +263,16 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
 
 
     server = ServerDeps(chat, groups, live, router, moderation, notify, query.devices,
-                        s.max_body, events, s.push_confirm_ms / 1000) if s.api_key_list else None
+                        s.max_body, events, s.push_confirm_ms / 1000,
+                        relations) if s.api_key_list else None
     http = build_http(HttpDeps(name, verifier, chat, conversations,
                                group_admin, feed, live, metrics, healthy,
                                limits=HttpLimits.from_settings(s),
                                metrics_public=bool(s.metrics_public),
                                cors_origins=s.cors_origin_list, api_keys=s.api_key_list,
                                admit=moderation.admit, server=server, ops=ops,
-                               ws_port=ws_port, public_ws_url=s.public_ws_url))
+                               ws_port=ws_port, public_ws_url=s.public_ws_url,
+                               relations=relations))
     if missing := controls.missing():
         raise RuntimeError(f"controls without a handler: {', '.join(missing)}")
     app = App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,

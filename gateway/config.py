@@ -69,6 +69,12 @@ class Settings:
     ip_handshake_burst: int = 200  # ... with this many saved up
     max_conns_per_ip: int = 2000  # open connections per address on a node
     trusted_proxies: str = ""  # comma-separated addresses or CIDR blocks
+    # Privacy defaults (a user's own settings override them): who may send a
+    # user 1:1 messages, see its presence, add it to a group.
+    privacy_dm: str = "everyone"  # everyone | contacts
+    privacy_presence: str = "contacts"  # everyone | contacts | nobody
+    privacy_group_add: str = "everyone"  # everyone | contacts
+    max_new_convs_per_day: int = 500  # 1:1 conversations started with users who never wrote
     push_confirm_ms: int = 500  # an ack waits this long at most for its pushes' hand-off
     max_groups_owned: int = 200  # groups one user owns
     max_groups_joined: int = 2000  # groups one user is a member of (an add past it: refused)
@@ -181,7 +187,7 @@ class Settings:
                      "presence_subs_max", "room_history_ttl_s", "room_reorder_ms",
                      "room_write_chunk", "room_write_at_once", "listen_backlog",
                      "max_groups_owned", "max_groups_joined", "group_creates_per_min",
-                     "push_confirm_ms"):
+                     "push_confirm_ms", "max_new_convs_per_day"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s", "room_history",
@@ -193,6 +199,11 @@ class Settings:
 
     def _validate_edge(self) -> None:
         """The HTTP edge and token settings."""
+        for name, choices in (("privacy_dm", ("everyone", "contacts")),
+                              ("privacy_presence", ("everyone", "contacts", "nobody")),
+                              ("privacy_group_add", ("everyone", "contacts"))):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"IM_{name.upper()} must be one of {', '.join(choices)}")
         try:
             Proxies.parse(self.trusted_proxies)
         except ValueError as exc:

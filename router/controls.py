@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Close", "Control", "Controls", "GroupAdd", "GroupDel", "Revoke", "RoomKick",
-           "RoomMute", "RoomUnmute", "Unban", "decode", "encode"]
+__all__ = ["Close", "Control", "Controls", "GroupAdd", "GroupDel", "RelationChange", "Revoke",
+           "RoomKick", "RoomMute", "RoomUnmute", "Unban", "decode", "encode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +79,16 @@ class RoomKick:
     room: str
 
 
-Control = GroupAdd | GroupDel | Close | Revoke | Unban | RoomMute | RoomUnmute | RoomKick
+@dataclass(frozen=True, slots=True)
+class RelationChange:
+    """The users' privacy settings, blocks or contacts changed: what a node
+    remembers of them is stale."""
+
+
+Control = (GroupAdd | GroupDel | Close | Revoke | Unban | RoomMute | RoomUnmute | RoomKick
+           | RelationChange)
 KINDS: tuple[type[Control], ...] = (GroupAdd, GroupDel, Close, Revoke, Unban, RoomMute,
-                                    RoomUnmute, RoomKick)
+                                    RoomUnmute, RoomKick, RelationChange)
 
 
 def encode(ctl: Control) -> dict[str, Any]:
@@ -95,6 +102,8 @@ def encode(ctl: Control) -> dict[str, Any]:
         return {"op": "revoke", "before": ctl.before}
     if isinstance(ctl, Unban):
         return {"op": "unban"}
+    if isinstance(ctl, RelationChange):
+        return {"op": "rel"}
     if isinstance(ctl, RoomMute):
         return {"op": "rmute", "room": ctl.room, "until": ctl.until}
     return {"op": "runmute" if isinstance(ctl, RoomUnmute) else "rkick", "room": ctl.room}
@@ -118,6 +127,8 @@ def decode(raw: object) -> Control | None:
         return None if before is None else Revoke(before)
     if op == "unban":
         return Unban()
+    if op == "rel":
+        return RelationChange()
     if text is None:
         return None
     if op == "rmute":

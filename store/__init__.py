@@ -33,6 +33,7 @@ from store.presence_redis import PresenceRedis
 from store.quotas_redis import QuotasRedis
 from store.records import GroupMessage, InboxLimits
 from store.redis_client import connect_redis, redis_guard
+from store.relations_mongo import RelationsMongo
 from store.room_history_redis import RoomHistoryRedis
 from store.rooms_redis import RoomCountsRedis
 from store.routes_redis import RoutesRedis
@@ -64,6 +65,7 @@ class Stores:
     sanctions: ports.SanctionStore
     presence: ports.PresenceStore
     quotas: ports.QuotaStore
+    relations: ports.RelationStore
     keeper: Callable[[str, int, float], ports.LeaseKeeper]  # (node name, number, period)
     check_redis: Callable[[], Awaitable[None]]
     check_mongo: Callable[[], Awaitable[None]]
@@ -122,4 +124,5 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
         feed_cache=FeedCacheRedis(redis, keys, follows, posts),
         counters=CountersRedis(redis, keys), sanctions=SanctionsRedis(redis, keys),
         presence=PresenceRedis(redis, keys), quotas=QuotasRedis(redis, keys),
+        relations=RelationsMongo(db, follows),
         check_redis=offline.ping, check_mongo=check_mongo, prepare=prepare, close=close)

@@ -235,6 +235,32 @@ class RoomHistoryStore(Protocol):
     async def read(self, rooms: Sequence[tuple[str, bool]]) -> list[RoomLog]: ...
 
 
+class RelationStore(Protocol):
+    """Privacy settings, blocks, and the "has sent to" half of contacts."""
+
+    async def privacy_of(self, users: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The settings each user changed (absent: none)."""
+        ...
+
+    async def set_privacy(self, user: str, changes: Mapping[str, str]) -> dict[str, str]: ...
+
+    async def block(self, a: str, b: str) -> None: ...
+
+    async def unblock(self, a: str, b: str) -> None: ...
+
+    async def blocks_page(self, a: str, after: str | None, limit: int) -> list[str]: ...
+
+    async def blocking(self, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which of these (a blocked b) pairs exist."""
+        ...
+
+    async def note_sent(self, pairs: Sequence[tuple[str, str]]) -> None: ...
+
+    async def contacts(self, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which (owner, other) pairs are contacts: a follow or a 1:1 message sent."""
+        ...
+
+
 class QuotaStore(Protocol):
     """Per-user counts over fixed windows, shared by every node."""
 

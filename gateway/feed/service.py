@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +69,10 @@ class FeedLimits:
 class FeedService:
     def __init__(self, follows: FollowStore, posts: PostStore, timelines: TimelineStore,
                  cache: FeedCache, counters: CounterStore, fanout: TimelineFanout,
-                 ids: IdSource, limits: FeedLimits) -> None:
+                 ids: IdSource, limits: FeedLimits,
+                 followed: Callable[[str, str], Awaitable[None]] | None = None) -> None:
+        # A follow or unfollow changes contacts: every node is told (gateway.contacts).
+        self.followed = followed
         self.follows = follows
         self.posts = posts
         self.timelines = timelines
@@ -101,6 +105,8 @@ class FeedService:
         else:  # always allowed, also past the cap
             await self.follows.unfollow(user, other)
         await self.cache.followed(user, other, yes)
+        if self.followed is not None:
+            await self.followed(user, other)
 
     async def _check_follow_cap(self, user: str, other: str) -> None:
         """``IM_FEED_FOLLOW_MAX`` (every timeline read merges what the reader

@@ -31,7 +31,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -99,7 +99,9 @@ class GroupAdmin:
 
     def __init__(self, store: GroupStore, cache: GroupCache, notifier: GroupNotifier,
                  limits: AdminLimits, quotas: QuotaStore | None = None,
-                 refused: Callable[[str], None] = lambda _cap: None) -> None:
+                 refused: Callable[[str], None] = lambda _cap: None,
+                 may_not_add: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
+                 ) -> None:
         self.store = store
         self.cache = cache
         self.notifier = notifier
@@ -108,6 +110,8 @@ class GroupAdmin:
         self.wd_max = limits.write_diffusion_max
         self.quotas = quotas
         self.refused = refused  # counts each refusal by the cap's name (a metric)
+        # Those an adder may not put in a group (their privacy settings, blocks).
+        self.may_not_add = may_not_add
 
     # -- membership ------------------------------------------------------------
     async def create(self, owner: str, name: str, members: list[str]
@@ -126,7 +130,7 @@ class GroupAdmin:
             self.refused("max_groups_owned")
             raise ProtocolError("forbidden", f"a user owns at most {lim.max_owned} groups "
                                 "(IM_MAX_GROUPS_OWNED)")
-        full = await self._full(users)
+        full = await self._full(users) | await self._not_allowed(owner, users)
         if owner in full:  # counted by _full
             raise ProtocolError("forbidden", f"a user is in at most {lim.max_joined} groups "
                                 "(IM_MAX_GROUPS_JOINED)")
@@ -147,7 +151,7 @@ class GroupAdmin:
             doc = await self._owned(caller, group)
             wanted = list(dict.fromkeys(users))
             self._check_size(int(doc.get("size", 0)) + len(wanted))
-            full = await self._full(wanted)
+            full = await self._full(wanted) | await self._not_allowed(caller, wanted)
             refused = [u for u in wanted if u in full]
             wanted = [u for u in wanted if u not in full]
             if not wanted:
@@ -158,6 +162,11 @@ class GroupAdmin:
                 await self._announce(group, "added", added, caller, direct=added)
                 await self.notifier.tell(added, GroupAdd(group))
             return refused
+
+    async def _not_allowed(self, adder: str, users: Sequence[str]) -> set[str]:
+        if self.may_not_add is None:
+            return set()
+        return await self.may_not_add(adder, [u for u in users if u != adder])
 
     async def _full(self, users: Sequence[str]) -> set[str]:
         """Those of ``users`` already in ``IM_MAX_GROUPS_JOINED`` groups (one

@@ -38,11 +38,13 @@ from core.errors import Unavailable
 from core.ids import MAX_MID
 from gateway.auth import Token, TokenVerifier
 from gateway.chat.service import ChatService
+from gateway.contacts.service import Relations
 from gateway.errors import HTTP_STATUS, ProtocolError
 from gateway.feed.service import FeedService
 from gateway.groups.admin import GroupAdmin
 from gateway.http.common import JSON, READ, WRITE, Limit, User, UserList, user_list
 from gateway.http.common import ok as _ok
+from gateway.http.contacts import install_contacts
 from gateway.http.feed import install_feed
 from gateway.http.groups import install_groups
 from gateway.http.guard import HttpGuard, HttpLimits, error_bytes
@@ -102,6 +104,7 @@ class HttpDeps:
     admit: Callable[[Token], Awaitable[None]] | None = None  # bans and revocations
     server: ServerDeps | None = None  # the server API (/v1/server/*)
     ops: MessageOps | None = None  # read receipts, recall, delete for me
+    relations: Relations | None = None  # privacy settings and blocks
     ws_port: Callable[[], int] = lambda: 8080  # this node's WebSocket port, once listening
     public_ws_url: str = ""  # IM_PUBLIC_WS_URL: what /v1/info tells; "" derives it
 
@@ -149,6 +152,8 @@ def build_http(deps: HttpDeps) -> FastAPI:
     install_groups(app, deps.groups)
     _rooms(app, deps)
     install_feed(app, deps.feed)
+    if deps.relations is not None:
+        install_contacts(app, deps.relations)
     if deps.server is not None:
         install_server_api(app, deps.server)
     _demo(app)
@@ -216,13 +221,15 @@ def _messages(app: FastAPI, deps: HttpDeps) -> None:
         return _ok()
 
     @app.get("/v1/presence", response_model=PresenceStates, responses=READ)
-    async def presence(_: User, users: UserList) -> JSON:
+    async def presence(user: User, users: UserList) -> JSON:
         """``users``: comma-separated, at most 500 (and 5,000 characters): online now
-        across the nodes, and when each was last seen (unix ms; now while online)."""
+        across the nodes, and when each was last seen (unix ms; now while online);
+        ``{"hidden": true}`` for a user whose privacy settings hide it from the
+        caller."""
         names = user_list(users, MAX_PRESENCE_USERS)
         if deps.ops is None:
             raise ProtocolError("unavailable", "presence is not served here")
-        return JSON({"users": await deps.ops.presence.state(names)})
+        return JSON({"users": await deps.ops.presence_state(user, names)})
 
     @app.delete("/v1/messages/{mid}", response_model=Ok, responses={**READ, **errors(404)})
     async def delete_message(user: User,

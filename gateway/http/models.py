@@ -267,8 +267,11 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 class PresenceState(BaseModel):
-    online: bool
-    last_seen: int | None  # unix ms: now while online, else the last disconnect
+    online: bool | None = Field(None, description="absent when hidden")
+    last_seen: int | None = Field(None, description="unix ms: now while online, else the "
+                                  "last disconnect; absent when hidden")
+    hidden: bool | None = Field(None, description="true: this user's privacy settings "
+                                "hide its presence from the caller")
 
 
 class PresenceStates(BaseModel):

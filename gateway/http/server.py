@@ -24,10 +24,12 @@ from pydantic import Field, StrictInt
 
 from gateway import frames
 from gateway.chat.service import ChatService
+from gateway.contacts.service import Relations
 from gateway.delivery import Pusher, handed_over, push_group_sent, push_sent
 from gateway.events import Events
 from gateway.groups.service import GroupService
 from gateway.http.common import UserList, user_list
+from gateway.http.contacts import install_server_privacy
 from gateway.http.models import Id, Ok, UserId, _Body, errors
 from gateway.moderation import MAX_BAN_S, Moderation
 from gateway.protocol import encode_body
@@ -59,6 +61,7 @@ class ServerDeps:
     max_body: int
     events: Events | None = None
     push_confirm_s: float = 0.5  # IM_PUSH_CONFIRM_MS
+    relations: Relations | None = None  # users' privacy settings
 
 
 # -- bodies and answers ------------------------------------------------------------
@@ -126,6 +129,8 @@ class PresencePage(_Body):
 
 def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
     d = deps
+    if d.relations is not None:
+        install_server_privacy(app, d.relations, KEY, SERVER)
 
     @app.post("/v1/server/send", response_model=Sent, responses=SERVER, dependencies=KEY)
     async def server_send(req: ServerSend) -> dict[str, Any]:

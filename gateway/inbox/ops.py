@@ -16,6 +16,7 @@ from core.ids import mid_time_ms
 from core.throttle import Throttle
 from gateway import frames
 from gateway.chat.service import ChatService
+from gateway.contacts.service import Relations
 from gateway.errors import ProtocolError
 from gateway.groups.service import GroupService
 from gateway.hub import Client
@@ -42,7 +43,8 @@ class MessageOps:
     def __init__(self, conversations: Conversations, chat: ChatService, groups: GroupService,
                  notifier: Notifier,
                  recall_window_s: float, in_group_here: Callable[[str, int], bool],
-                 watchers: PresenceSubs, presence: PresenceQuery) -> None:
+                 watchers: PresenceSubs, presence: PresenceQuery,
+                 relations: Relations | None = None) -> None:
         self.conversations = conversations
         self.chat = chat
         self.groups = groups
@@ -52,12 +54,29 @@ class MessageOps:
         self._typing = Throttle(TYPING_EVERY_S)
         self.watchers = watchers
         self.presence = presence
+        self.relations = relations  # who may reach whom (None: everyone, everyone)
 
     async def presence_sub(self, client: Client, users: list[str], rid: object
                            ) -> dict[str, dict[str, object]]:
-        """Watch ``users`` (changes come as ``presence`` frames); their state now."""
-        await self.watchers.watch(client, users, rid)
-        return await self.presence.state(users)
+        """Watch ``users`` (changes come as ``presence`` frames); their state now.
+        A user whose presence the caller may not see is ``{"hidden": true}`` and
+        not watched: no change of it is ever pushed to the caller."""
+        shown = await self.visible(client.user, users)
+        await self.watchers.watch(client, [u for u in users if u in shown], rid)
+        return await self.presence_state(client.user, users, shown)
+
+    async def visible(self, watcher: str, users: list[str]) -> set[str]:
+        if self.relations is None:
+            return set(users)
+        return await self.relations.visible(watcher, users)
+
+    async def presence_state(self, watcher: str, users: list[str],
+                             shown: set[str] | None = None) -> dict[str, dict[str, object]]:
+        """Each user's presence as ``watcher`` may see it (``hidden`` otherwise)."""
+        if shown is None:
+            shown = await self.visible(watcher, users)
+        state = await self.presence.state([u for u in users if u in shown])
+        return {u: state[u] if u in shown else {"hidden": True} for u in users}
 
     def presence_unsub(self, client: Client, users: list[str]) -> None:
         self.watchers.unwatch(client, users)
@@ -66,7 +85,12 @@ class MessageOps:
         """Ephemeral: at most one per conversation per 2 s per user on this node
         (extras dropped), never stored; a group's goes through its broker
         binding to the members online, from a connection bound to the group."""
-        if conv == user or not self._typing.allow((user, conv), time.monotonic()):
+        if conv == user:
+            return
+        if not conv.startswith(GROUP_PREFIX) and self.relations is not None and \
+                not await self.relations.may_reach(user, conv):
+            return  # dropped silently, as a send there would be refused
+        if not self._typing.allow((user, conv), time.monotonic()):
             return
         if conv.startswith(GROUP_PREFIX):
             group = conv[len(GROUP_PREFIX):]
@@ -82,7 +106,8 @@ class MessageOps:
         count, a 1:1 peer's devices a ``receipt``. Returns the count."""
         unread = await self.conversations.mark_read(user, conv, mid)
         told = [(user, frames.read(conv, mid, unread))]
-        if not conv.startswith(GROUP_PREFIX):
+        if not conv.startswith(GROUP_PREFIX) and (
+                self.relations is None or await self.relations.may_reach(user, conv)):
             told.append((conv, frames.receipt(user, mid)))
         await self.notifier.push_frames(told, skip_conn)
         return unread

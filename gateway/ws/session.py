@@ -30,7 +30,8 @@ from core.errors import Unavailable
 from gateway import frames, wire
 from gateway import protocol as p
 from gateway.auth import Token, TokenVerifier, bearer_token
-from gateway.chat.service import ChatService
+from gateway.chat.service import ChatService, SendResult
+from gateway.contacts.service import Relations
 from gateway.delivery import Pusher, handed_over, push_group_sent, push_sent
 from gateway.errors import ProtocolError
 from gateway.events import Events
@@ -62,7 +63,7 @@ class Sessions:
                  groups: GroupService, conversations: Conversations, live: LiveRooms,
                  pusher: Pusher, metrics: NodeMetrics, draining: Callable[[], bool],
                  verifier: TokenVerifier, moderation: Moderation, ops: MessageOps,
-                 events: Events | None = None) -> None:
+                 events: Events | None = None, relations: Relations | None = None) -> None:
         self.conns = conns
         self.registry = registry
         self.chat = chat
@@ -76,6 +77,7 @@ class Sessions:
         self.moderation = moderation
         self.ops = ops
         self.events = events
+        self.relations = relations  # who may send whom a 1:1 message (None: anyone)
         self._tokens: weakref.WeakKeyDictionary[ServerConnection, tuple[Token, str]] = \
             weakref.WeakKeyDictionary()
         self._proxies = Proxies.parse(conns.trusted_proxies)
@@ -198,9 +200,7 @@ class Sessions:
     # -- ops -----------------------------------------------------------------
     async def op_send(self, client: Client, f: p.Send) -> None:
         started = time.perf_counter()
-        result = await self._guarded(
-            client, f.id, lambda: self.chat.send(client.user, f.to, f.cmid, f.body)
-        )
+        result = await self._guarded(client, f.id, lambda: self._send(client.user, f))
         if result is None:
             return
         confirms: list[asyncio.Future[None]] = []
@@ -209,6 +209,18 @@ class Sessions:
         await handed_over(confirms, self.limits.push_confirm_s)
         self._send_bytes(client, frames.ack(f.id, f.cmid, result.mid, result.ts))
         self.metrics.send_latency.observe(time.perf_counter() - started)
+
+    async def _send(self, sender: str, f: p.Send) -> SendResult:
+        """A 1:1 send its receiver's privacy settings and blocks allow (else
+        ``forbidden``, nothing stored); the receiver becomes a contact."""
+        if self.relations is None:
+            return await self.chat.send(sender, f.to, f.cmid, f.body)
+        if f.to != sender:
+            await self.relations.check_send(sender, f.to)
+        result = await self.chat.send(sender, f.to, f.cmid, f.body)
+        with contextlib.suppress(Unavailable):  # written again at the next send
+            await self.relations.sent(sender, f.to)
+        return result
 
     async def op_group_send(self, client: Client, f: p.GroupSend) -> None:
         result = await self._guarded(

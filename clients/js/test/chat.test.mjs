@@ -180,11 +180,15 @@ describe("imgate-client against two nodes", () => {
     const [a, d] = [uid("alice"), uid("dave")];
     const alice = pool.make(a, A);
     await alice.connect();
+    const dave = pool.make(d, B);
+    // Presence is shown to contacts (the default): a stranger's is hidden.
+    assert.deepEqual((await alice.presenceSub([d])).users[d], { hidden: true });
+    await alice.presenceUnsub([d]);
+    await dave.http("POST", `/v1/follow/${a}`); // alice is now a contact of dave's
     const first = await alice.presenceSub([d]);
     assert.equal(first.users[d].online, false);
 
     const online = waitEvent(alice, "presence", (p) => p.users[d] && p.users[d].online === true);
-    const dave = pool.make(d, B);
     await dave.connect();
     await online;
     const offline = waitEvent(alice, "presence", (p) => p.users[d] && p.users[d].online === false);

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from tests.conftest import settle, uid
 
-FAST = {"presence_grace_s": 1.0, "heartbeat_s": 0.5, "heartbeat_ttl_s": 2.0}
+# The subscription mechanics, with presence shown to everyone (an operator's
+# choice; the default shows it to contacts only: test_contacts.py).
+FAST = {"presence_grace_s": 1.0, "heartbeat_s": 0.5, "heartbeat_ttl_s": 2.0,
+        "privacy_presence": "everyone"}
 
 
 async def three_nodes(make_node, **kw):

@@ -150,7 +150,9 @@ async def test_an_offline_user_syncs_each_message_exactly_once(make_node, sdk):
 
 
 async def test_group_send_and_receipts(make_node, sdk):
-    n1, n2 = await make_node(presence_grace_s=0.3), await make_node(presence_grace_s=0.3)
+    # Presence shown to everyone (the default, contacts only, is test_contacts.py's).
+    n1, n2 = (await make_node(presence_grace_s=0.3, privacy_presence="everyone"),
+              await make_node(presence_grace_s=0.3, privacy_presence="everyone"))
     await settle(n1, n2)
     a, b, c = uid("a"), uid("b"), uid("c")
     ca, cb, cc = sdk(a, n1), sdk(b, n2), sdk(c, n1)
@@ -261,8 +263,8 @@ async def test_acks_lost_with_the_link_are_answered_again_with_the_same_mid(
 
 
 async def test_a_draining_node_sends_its_clients_on(make_node, sdk):
-    n1 = await make_node(drain_timeout_s=5, presence_grace_s=0.3)
-    n2 = await make_node(presence_grace_s=0.3)
+    n1 = await make_node(drain_timeout_s=5, presence_grace_s=0.3, privacy_presence="everyone")
+    n2 = await make_node(presence_grace_s=0.3, privacy_presence="everyone")
     await settle(n1, n2)
     a, b = uid("a"), uid("b")
     ca, cb = sdk(a, n1, n2), sdk(b, n2)

@@ -1,0 +1,1 @@
+"""Contacts, privacy settings and blocks: who may reach whom."""
