@@ -42,6 +42,27 @@ def msg_frame(m: ChatMessage, reader: str | None = None) -> dict[str, Any]:
             "ts": mid_time_ms(m.mid)}
 
 
+PREVIEW_MAX = 512  # bytes of a conversation's last message kept as it is
+PREVIEW_CHARS = 200  # characters of a text body kept in a cut preview
+
+
+def preview(m: ChatMessage, frame: bytes) -> bytes:
+    """A conversation's last message as the conversation list shows it: the
+    ``msg`` frame itself up to ``PREVIEW_MAX`` bytes, else the frame with its
+    body cut (a string, or an object's ``text``, to ``PREVIEW_CHARS``
+    characters; any other body left out) and ``"truncated": true``."""
+    if len(frame) <= PREVIEW_MAX:
+        return frame
+    body = orjson.loads(m.body) if isinstance(m.body, bytes) else m.body
+    if isinstance(body, str):
+        cut: Any = body[:PREVIEW_CHARS]
+    elif isinstance(body, dict) and isinstance(body.get("text"), str):
+        cut = {"text": body["text"][:PREVIEW_CHARS]}
+    else:
+        cut = None
+    return orjson.dumps({**msg_frame(m), "body": cut, "truncated": True})
+
+
 def tombstone(m: ChatMessage, conv: str) -> dict[str, Any]:
     return {"op": "msg", "mid": m.mid, "conv": conv, "from": m.sender, "to": m.to,
             "ts": mid_time_ms(m.mid), "recalled": True}

@@ -60,7 +60,7 @@ class OfflineRedis:
                     args=[
                         d.mid, d.frame, d.conv, "1" if d.unread else "0", lim.offline_max,
                         oldest, lim.unread_cap, lim.convs_max, lim.offline_ttl_s,
-                        "1" if d.conv_list else "0",
+                        "1" if d.conv_list else "0", d.preview,
                     ],
                 )
             for sender, cmid, value in acked:

@@ -84,6 +84,7 @@ class Delivery:
     frame: bytes
     unread: bool
     conv_list: bool = True  # False: a group message (the group's row has its own state)
+    preview: bytes = b""  # what the conversation list keeps as its last message (b"": frame)
 
 
 @dataclass(frozen=True, slots=True)

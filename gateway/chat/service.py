@@ -25,7 +25,7 @@ from core.paging import seek_page
 from gateway.chat.claims import Claims
 from gateway.config import Settings
 from gateway.errors import ProtocolError
-from gateway.frames import encode, frame_of, msg_frame, tombstone
+from gateway.frames import encode, frame_of, msg_frame, preview, tombstone
 from gateway.metrics import NodeMetrics
 from store.ports import MessageStore, OfflineStore, RouteStore
 from store.records import ChatMessage, ConversationRow, Delivery, Erasure
@@ -166,8 +166,12 @@ class ChatService:
         acked: list[tuple[str, str, str]] = []
         for it in items:
             m = it.msg
-            deliveries.append(Delivery(m.sender, m.to, m.mid, it.frame, unread=False))
-            deliveries.append(Delivery(m.to, m.sender, m.mid, it.frame, unread=True))
+            cut = preview(m, it.frame)
+            last = b"" if cut is it.frame else cut  # b"": the frame itself
+            deliveries.append(Delivery(m.sender, m.to, m.mid, it.frame, unread=False,
+                                       preview=last))
+            deliveries.append(Delivery(m.to, m.sender, m.mid, it.frame, unread=True,
+                                       preview=last))
             acked.append((m.sender, m.cmid, dedup.done(m.mid)))
         routes = await self.offline.deliver(deliveries, acked)
         return [(routes[2 * i], routes[2 * i + 1]) for i in range(len(items))]

@@ -12,6 +12,7 @@
 -- ARGV[8] conversations cap              ARGV[9] key TTL seconds
 -- ARGV[10] '0' to leave the conversation list alone (group messages: a
 --          group's row is built from the group's own state)
+-- ARGV[11] what the conversation list keeps as the last message ('' : ARGV[2])
 -- Returns 1 if the message was new to this user, 0 if it was already there
 -- (a retried send: nothing is counted twice).
 local mid = tonumber(ARGV[1])
@@ -64,7 +65,7 @@ end
 local last = redis.call('ZSCORE', KEYS[5], ARGV[3])
 if not last or tonumber(last) < mid then
   redis.call('ZADD', KEYS[5], mid, ARGV[3])
-  redis.call('HSET', KEYS[6], ARGV[3], ARGV[2])
+  redis.call('HSET', KEYS[6], ARGV[3], ARGV[11] ~= '' and ARGV[11] or ARGV[2])
 end
 local convs = redis.call('ZCARD', KEYS[5])
 if convs > tonumber(ARGV[8]) then

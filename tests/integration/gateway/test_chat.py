@@ -139,3 +139,21 @@ async def test_healthz_metrics_and_openapi(node, http):
     assert "im_connections" in text and "im_sends_total" in text
     spec = (await h.get("/openapi.json")).json()
     assert "/v1/sync" in spec["paths"]
+
+
+async def test_the_conversation_list_keeps_a_cut_preview_of_a_large_message(
+        node, connect, http):
+    a, b = uid("a"), uid("b")
+    ca = await connect(node, a)
+    text = "x" * 3000
+    ack = await ca.request("send", to=b, cmid="big", body={"text": text, "extra": "y" * 100})
+    assert ack["op"] == "ack", ack
+    [row] = (await http(b).get("/v1/conversations")).json()["conversations"]
+    assert row["last"]["mid"] == ack["mid"] and row["last"]["truncated"] is True
+    assert row["last"]["body"] == {"text": "x" * 200}
+    # Sync and history keep the message as sent.
+    page = (await http(b).get("/v1/sync", params={"since": 0})).json()
+    assert page["msgs"][0]["body"] == {"text": text, "extra": "y" * 100}
+    small = await ca.request("send", to=b, cmid="small", body="hi")
+    [row] = (await http(b).get("/v1/conversations")).json()["conversations"]
+    assert row["last"]["mid"] == small["mid"] and "truncated" not in row["last"]
