@@ -14,10 +14,13 @@ established conversation costs no store read per frame.
   conversations a day with users who never wrote to it (a Redis quota
   shared by the nodes).
 
-A change (settings, a block, a follow, a first message) is told to every
-node (``RelationChange``), each of which forgets what it held of those users
+A change (settings, a block, a follow) is told to every node
+(``RelationChange``), each of which forgets what it held of those users
 before answering anything published after it; what a node read expires
-after ``CACHE_S`` anyway.
+after ``CACHE_S`` anyway. A first message (which makes a contact) is not
+told: it only allows more, and another node that remembered the pair as no
+contacts (a check of it failed there in the last ``CACHE_S``) refuses until
+then.
 """
 
 from __future__ import annotations
@@ -197,7 +200,10 @@ class Relations:
             return
         await self.store.note_sent([(sender, to)])
         self._sent.set((sender, to), True, now + SENT_CACHE_S)
-        await self.changed(sender)
+        # Not told to the other nodes (a first message is frequent, and it only
+        # allows more): one that remembered the pair as no contacts, because a
+        # check of it failed there in the last CACHE_S, may refuse until then.
+        self._contacts.set((sender, to), (True, now), now + CACHE_S)
 
     async def may_reach(self, sender: str, to: str) -> bool:
         """Typing and receipts: only where a 1:1 send would be allowed (quota aside)."""

@@ -120,7 +120,7 @@ async def test_new_conversations_are_capped_per_day() -> None:
         await rel.sent("ann", peer)
     assert await code_of(rel.check_send("ann", "p3")) == "forbidden"
     assert await code_of(rel.check_send("ann", "p1")) == "ok"  # started already
-    await rel.sent("w", "ann")  # w wrote first: not a new conversation for ann
+    await rel.sent("w", "ann")  # w wrote first (through this node): not new for ann
     assert await code_of(rel.check_send("ann", "w")) == "ok"
     assert refused == ["new_convs_per_day"]
 
