@@ -132,7 +132,7 @@ def build_http(deps: HttpDeps) -> FastAPI:
             return _error("unavailable", "node cannot serve")
         return JSON({"ok": True, "node": deps.node})
 
-    @app.get("/v1/info", response_model=Info)
+    @app.get("/v1/info", response_model=Info, responses=errors(500))
     async def info(request: Request) -> JSON:
         """Where clients connect (no token): ``IM_PUBLIC_WS_URL`` if set; else,
         called on this node's own HTTP port, its WebSocket port on the host the
