@@ -75,7 +75,7 @@ class Settings:
     privacy_presence: str = "contacts"  # everyone | contacts | nobody
     privacy_group_add: str = "everyone"  # everyone | contacts
     max_new_convs_per_day: int = 500  # 1:1 conversations started with users who never wrote
-    push_confirm_ms: int = 500  # an ack waits this long at most for its pushes' hand-off
+    push_confirm_ms: int = 500  # an ack waits this long at most for its pushes' hand-off (0: not)
     max_groups_owned: int = 200  # groups one user owns
     max_groups_joined: int = 2000  # groups one user is a member of (an add past it: refused)
     group_creates_per_min: int = 10  # groups one user creates per minute, across the nodes
@@ -187,12 +187,13 @@ class Settings:
                      "presence_subs_max", "room_history_ttl_s", "room_reorder_ms",
                      "room_write_chunk", "room_write_at_once", "listen_backlog",
                      "max_groups_owned", "max_groups_joined", "group_creates_per_min",
-                     "push_confirm_ms", "max_new_convs_per_day"):
+                     "max_new_convs_per_day"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"IM_{name.upper()} must be positive")
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s", "room_history",
                      "group_write_diffusion_max", "group_max_members", "feed_push_max",
-                     "ip_handshake_rate", "ip_handshake_burst", "max_conns_per_ip"):
+                     "ip_handshake_rate", "ip_handshake_burst", "max_conns_per_ip",
+                     "push_confirm_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"IM_{name.upper()} must not be negative")
         self._validate_edge()

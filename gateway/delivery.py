@@ -91,7 +91,7 @@ async def handed_over(confirms: list[asyncio.Future[None]], wait_s: float) -> No
     sends it again once the broker is back, and replays the gap)."""
     for fut in confirms:  # whatever comes of them, nobody is left unretrieved
         fut.add_done_callback(_retrieve)
-    if confirms:
+    if confirms and wait_s > 0:
         await asyncio.wait(confirms, timeout=wait_s)
 
 
