@@ -8,8 +8,11 @@ random; then ``/v1/conversations`` must give, per conversation:
   Redis loss (of the whole Redis, or of the Redis Cluster master holding the
   user's keys) (docs/reference/chat.md, "Failure": unread counters and sets live
   only in Redis and restart from zero; messages unread at the flush are no
-  longer counted). One acked while Redis was down (between its kill and
-  restart) is counted as ambiguous and allowed either way.
+  longer counted). One first sent before Redis came back and acked after it
+  was killed is ambiguous and allowed either way: its store write may have
+  come before the loss (an ack seen after the restart can answer a resend of
+  a message acked, and counted, before the kill: the first ack was lost with
+  its connection).
 - group: the group's seq (MongoDB's counter, the only source of seqs:
   docs/reference/groups.md) minus the member's read seq (docs/protocol.md,
   Groups); the read seq is the highest of the read mid's seq and the seqs of
@@ -98,8 +101,12 @@ def _plan_dms(h: History, plan: UnreadPlan, rng: random.Random,
             assert s.t_ack is not None
             if any(s.t_ack < kill for kill, _ in outages):
                 continue  # unread when Redis lost it: no longer counted
-            if any(kill <= s.t_ack <= heal for kill, heal in outages):
-                hi += 1  # acked while Redis was down: either way
+            if any(s.t_first <= heal and s.t_ack >= kill for kill, heal in outages):
+                # Sent before the heal and acked after the kill: its store
+                # write may have come before the loss. An ack seen after the
+                # heal may answer a resend of a send acked before the kill (its
+                # first ack lost with the connection): either way.
+                hi += 1
                 plan.ambiguous += 1
             else:
                 lo, hi = lo + 1, hi + 1

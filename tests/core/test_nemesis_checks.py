@@ -209,6 +209,18 @@ def test_unread_counts_skip_what_a_redis_loss_dropped():
     assert wrong[0]["expected"] == [2, 3] and wrong[2]["sum_of_convs"] == 6
 
 
+def test_a_send_acked_after_the_heal_but_first_sent_before_the_kill_is_either_way():
+    # Its first ack was lost with its connection; the resend after the restart
+    # is answered from the dedup key: stored (and counted) before the loss.
+    h, a, b = world([Fault("redis", 5, 2, t_start=5.0, t_heal=7.0)])
+    sent(a, b, 0, 10, t=1.0)
+    late = sent(a, b, 1, 11, t=4.9)
+    late.t_ack = 7.5
+    sent(a, b, 2, 12, t=8.0)
+    plan_b = plan_unread(h, FirstPick(), counters={"g": 0})[1]
+    assert plan_b.expect["a"] == (1, 2) and plan_b.ambiguous == 1
+
+
 def test_the_fault_report_times_the_heal_by_the_first_success_after_it():
     h, a, b = world([Fault("redis", 5, 2, t_start=5.0, t_heal=7.0)])
     sent(a, b, 0, 10, t=6.0)  # acked at 6.1: during
