@@ -126,13 +126,17 @@ class Relations:
         else:
             self.forget(users)
 
+    async def settings(self, user: str) -> dict[str, str]:
+        """``user``'s settings as in force (its own over the node's defaults)."""
+        return asdict((await self.privacy([user]))[user])
+
     async def set_privacy(self, user: str, changes: Mapping[str, str]) -> dict[str, str]:
         check_changes(changes)
         if changes:
             await self.store.set_privacy(user, changes)
-        await self.changed(user)
-        self._privacy.drop(user)
-        return asdict((await self.privacy([user]))[user])
+            await self.changed(user)
+            self._privacy.drop(user)
+        return await self.settings(user)
 
     # -- blocks ---------------------------------------------------------------------
     async def block(self, a: str, b: str) -> None:

@@ -49,7 +49,7 @@ def install_contacts(app: FastAPI, relations: Relations) -> None:
     @app.get("/v1/settings/privacy", response_model=PrivacySettings, responses=READ)
     async def my_privacy(user: User) -> JSON:
         """The caller's privacy settings (the node's defaults where unchanged)."""
-        return JSON(await relations.set_privacy(user, {}))
+        return JSON(await relations.settings(user))
 
     @app.patch("/v1/settings/privacy", response_model=PrivacySettings, responses=WRITE)
     async def change_privacy(user: User, body: PrivacyChange) -> JSON:
@@ -84,7 +84,7 @@ def install_server_privacy(app: FastAPI, relations: Relations, key: Sequence[Any
              responses=responses, dependencies=key)
     async def user_privacy(user: UserId) -> JSON:
         """A user's privacy settings."""
-        return JSON(await relations.set_privacy(user, {}))
+        return JSON(await relations.settings(user))
 
     @app.patch("/v1/server/users/{user}/privacy", response_model=PrivacySettings,
                responses=responses, dependencies=key)

@@ -159,5 +159,14 @@ async def test_bad_settings_are_refused() -> None:
         with pytest.raises(ProtocolError):
             await rel.set_privacy("ann", changes)
     assert store.settings == {}
-    assert await rel.set_privacy("ann", {}) == {"dm": "everyone", "presence": "contacts",
-                                                "group_add": "everyone"}
+    assert await rel.settings("ann") == {"dm": "everyone", "presence": "contacts",
+                                         "group_add": "everyone"}
+    told: list[list[str]] = []
+
+    async def tell_all(users: list[str]) -> None:
+        told.append(users)
+
+    rel.tell_all = tell_all
+    await rel.settings("ann")  # a read tells no node anything
+    await rel.set_privacy("ann", {"dm": "contacts"})
+    assert told == [["ann"]]
