@@ -169,7 +169,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     bindings = Bindings(broker, metrics, s.room_unbind_delay_s, int(60 / s.room_report_s))
     presence = GroupMembership(group_hub, bindings, stores.group_cache, **batch)
     replay = Replay(hub, stores.offline, metrics)
-    controls = Controls()  # handlers registered below, once their targets exist
+    # handlers registered below, once their targets exist
+    controls = Controls(lambda kind: metrics.controls.labels(kind).inc())
     watchers = PresenceSubs(hub, bindings, s.presence_subs_max)
     positions = functools.partial(
         RoomPositions, store=stores.room_history, window_s=s.room_window_ms / 1000,

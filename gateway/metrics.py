@@ -45,6 +45,9 @@ class NodeMetrics:
             "im_sanctions_unchecked_total",
             "Handshakes and HTTP calls admitted without a ban/revocation check (Redis down)",
             registry=r)
+        self.controls = Counter("im_controls_applied_total", "Membership, relation and "
+                                "session controls applied on this node, by kind", ["kind"],
+                                registry=r)
         self.sends = Counter("im_sends_total", "1:1 sends by outcome", ["outcome"], registry=r)
         self.send_latency = Histogram(
             "im_send_ack_seconds", "Send received to ack written",

@@ -161,8 +161,9 @@ Handler = Callable[[list[str], Any], Awaitable[Any] | None]
 class Controls:
     """Control kind -> the handler that applies it to this node's devices."""
 
-    def __init__(self) -> None:
+    def __init__(self, applied: Callable[[str], None] = lambda _kind: None) -> None:
         self._handlers: dict[type[Any], Handler] = {}
+        self._applied = applied  # counts each control applied here, by kind
 
     def handle(self, kind: type[C], handler: Callable[[list[str], C], Awaitable[Any] | None]
                ) -> None:
@@ -178,4 +179,7 @@ class Controls:
     def apply(self, users: list[str], ctl: Control) -> Awaitable[Any] | None:
         """Apply ``ctl`` to ``users``' devices here; what is left to await, if any."""
         handler = self._handlers.get(type(ctl))
-        return None if handler is None else handler(users, ctl)
+        if handler is None:
+            return None
+        self._applied(type(ctl).__name__)
+        return handler(users, ctl)

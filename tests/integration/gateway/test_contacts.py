@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.node import Node
+from testkit.poll import until
 from tests.conftest import settle, uid
 
 
@@ -16,6 +18,16 @@ async def _no(device, op: str) -> None:
     """Nothing of ``op`` arrived (a ping's answer comes after anything queued before)."""
     await device.request("ping")
     assert [f for f in device.drain_pushes() if f["op"] == op] == []
+
+
+def _changes(node: Node) -> float:
+    return node.metrics.controls.labels("RelationChange")._value.get()
+
+
+async def _told(node: Node, before: float) -> None:
+    """``node`` applied a relation change told after ``before`` was read: it
+    reaches the other nodes through the broker, not with the answer."""
+    assert await until(lambda: _changes(node) > before, timeout=5)
 
 
 async def test_presence_is_shown_to_contacts_only_by_default(make_node, connect, http):
@@ -62,8 +74,10 @@ async def test_a_blocked_users_sends_are_forbidden_and_store_nothing(
     first = await ca.request("send", to=b, cmid="before", body="hi")
     assert first["op"] == "ack"
     await cb.next_push("msg")
-    # b blocks a through node 2; node 1 refuses a's next send at once.
+    # b blocks a through node 2; node 1 refuses a's next send once told.
+    told = _changes(n1)
     assert (await http(b, n2).post(f"/v1/blocks/{a}")).json() == {"ok": True}
+    await _told(n1, told)
     r = await ca.request("send", to=b, cmid="after", body="hi again")
     assert r["op"] == "error" and r["code"] == "forbidden"
     assert await mongo_db.messages.count_documents({"from": a, "cmid": "after"}) == 0
@@ -75,7 +89,9 @@ async def test_a_blocked_users_sends_are_forbidden_and_store_nothing(
     assert blocks == {"users": [a], "cursor": None}
     # b still writes to a (a block is one way), and unblocking lets a write again.
     assert (await cb.request("send", to=a, cmid="b1", body="yo"))["op"] == "ack"
+    told = _changes(n1)
     assert (await http(b, n2).delete(f"/v1/blocks/{a}")).json() == {"ok": True}
+    await _told(n1, told)
     assert (await ca.request("send", to=b, cmid="again", body="x"))["op"] == "ack"
 
 
