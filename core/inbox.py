@@ -8,23 +8,28 @@ MongoDB): these functions only look at the mids they are paired with.
 - ``/v1/sync`` merges the user's own page (offline store or boxes) with the
   read-diffused group messages; each source was read with ``limit + 1``, so
   the merged head is exact and "more" is known without another read.
-- Conversations: 1:1 rows and group rows, newest first by last mid.
+- Conversations: 1:1 rows and group rows, newest first by last mid, paged
+  by position (last mid, conversation id) so that a page's work is its
+  ``limit`` whatever the number of conversations.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 __all__ = [
     "GroupRow",
+    "Position",
     "busy_groups",
+    "conversation_page",
     "group_conversation_row",
     "group_unread",
-    "merge_conversations",
     "merge_group_pages",
     "merge_sync",
+    "newest",
 ]
 
 T = TypeVar("T")
@@ -91,12 +96,32 @@ def merge_group_pages(
     return sorted((row for page in pages for row in page), key=_mid)[:limit]
 
 
-def merge_conversations(
-    direct_rows: Sequence[tuple[int, T]], group_rows: Sequence[tuple[int, T]], limit: int
-) -> list[T]:
-    """Rows newest first by mid (equal mids: 1:1 rows first), at most ``limit``."""
-    merged = sorted([*direct_rows, *group_rows], key=_mid, reverse=True)
-    return [row for _, row in merged[:limit]]
+# Where a conversation stands in the list: (its last mid, its id); the list is
+# in descending order of positions (a group without a message shown: mid 0).
+Position = tuple[int, str]
+
+
+def conversation_page(rows: Iterable[tuple[Position, T]], limit: int,
+                      after: Position | None = None) -> tuple[list[T], Position | None]:
+    """The ``limit`` rows after ``after`` (newest first) and the position the
+    next page starts after, or None when no row follows.
+
+    Each source must hand in at least ``limit + 1`` rows after ``after`` (or
+    all it has) for "no row follows" to be exact."""
+    later = newest(rows, limit + 1, after)
+    head = later[:limit]
+    return [row for _, row in head], (head[-1][0] if len(later) > limit and head else None)
+
+
+def newest(rows: Iterable[tuple[Position, T]], count: int, after: Position | None = None
+           ) -> list[tuple[Position, T]]:
+    """The ``count`` rows after ``after`` in the list's order (newest first)."""
+    later = (r for r in rows if after is None or r[0] < after)
+    return heapq.nlargest(count, later, key=_position)
+
+
+def _position(row: tuple[Position, object]) -> Position:
+    return row[0]
 
 
 def _mid(row: tuple[int, object]) -> int:

@@ -31,6 +31,10 @@ MARK = "~"  # not a valid id: marks a set or hash as complete
 # each expires this long after its last write and is rebuilt when next read.
 CACHE_TTL_S = 7 * 86_400
 CHUNK = 1000  # users per pipeline when a call touches every member
+# A state's fields but ``last`` (the newest message, up to a preview's size):
+# what a list of many groups reads.
+NUMBERS = ("seq", "lastmid", "rdmid", "rc", "ok")
+NUMBERS_B = tuple(f.encode() for f in NUMBERS)
 RECALLED_KEPT = 1000  # recalled seqs a group's state keeps (older ones count as unread again)
 
 
@@ -227,27 +231,35 @@ class GroupCacheRedis:
         return None if value is None or value is False else int(value)
 
     # -- group state --------------------------------------------------------------
-    async def states(self, groups: Iterable[str]) -> dict[str, GroupState]:
-        """Each group's state; from MongoDB alone while Redis is down."""
+    async def states(self, groups: Iterable[str], *, last: bool = True
+                     ) -> dict[str, GroupState]:
+        """Each group's state; from MongoDB alone while Redis is down.
+        ``last=False``: without the newest message (``last`` None), the
+        numbers only."""
         groups = list(groups)
         try:
-            return await self._states(groups)
+            return await self._states(groups, last)
         except Unavailable:
             out: dict[str, GroupState] = {}
             for g in groups:
                 doc = await self.store.get(g) or {}
-                last = await self.store.last(g)
+                newest = await self.store.last(g) if last else None
                 out[g] = GroupState(int(doc.get("seq", 0)), int(doc.get("lastmid", 0)),
-                                    self.encode_last(last) if last else None,
+                                    self.encode_last(newest) if newest else None,
                                     int(doc.get("rdmid", 0)))
             return out
 
-    async def _states(self, groups: list[str]) -> dict[str, GroupState]:
+    async def _states(self, groups: list[str], last: bool) -> dict[str, GroupState]:
         async with redis_guard():
             pipe = self.redis.pipeline(transaction=False)
             for g in groups:
-                pipe.hgetall(self.keys.group_state(g))
-            raw = await pipe.execute()
+                if last:
+                    pipe.hgetall(self.keys.group_state(g))
+                else:
+                    pipe.hmget(self.keys.group_state(g), NUMBERS)
+            got = await pipe.execute()
+        raw = got if last else [{f: v for f, v in zip(NUMBERS_B, values, strict=True)
+                                 if v is not None} for values in got]
         missing = [g for g, h in zip(groups, raw, strict=True) if b"ok" not in h]
         rebuilt = dict(zip(missing, await asyncio.gather(*(self._rebuild_state(g)
                                                            for g in missing)), strict=True))
@@ -255,7 +267,7 @@ class GroupCacheRedis:
         for g, h in zip(groups, raw, strict=True):
             h = rebuilt.get(g, h)
             out[g] = GroupState(int(h.get(b"seq", 0)), int(h.get(b"lastmid", 0)),
-                                h.get(b"last"), int(h.get(b"rdmid", 0)),
+                                h.get(b"last") if last else None, int(h.get(b"rdmid", 0)),
                                 tuple(int(x) for x in h.get(b"rc", b"").split(b",") if x))
         return out
 

@@ -119,12 +119,15 @@ class OfflineRedis:
                 pipe.zrangebyscore(self.keys.offline(user), f"({since}", "+inf", 0, count)
             return list(await pipe.execute())
 
-    async def conversations(self, user: str, count: int) -> tuple[int, list[ConversationRow]]:
+    async def conversations(self, user: str, count: int, upto: int | None = None
+                            ) -> tuple[int, list[ConversationRow]]:
+        """(total unread, the ``count`` newest conversations whose last mid is at
+        most ``upto``)."""
         k = self.keys
         async with redis_guard():
             raw = await self._convs(
-                self.redis, keys=[k.convs(user), k.conv_last(user), k.unread(user)], args=[count]
-            )
+                self.redis, keys=[k.convs(user), k.conv_last(user), k.unread(user)],
+                args=[count, "+inf" if upto is None else upto])
         rows = [
             ConversationRow(raw[i].decode(), int(float(raw[i + 1])), int(raw[i + 2]),
                             raw[i + 3] or None)

@@ -81,8 +81,11 @@ class OfflineStore(Protocol):
     async def recent(self, users: Sequence[str], since: int, count: int
                      ) -> list[list[bytes]]: ...
 
-    async def conversations(self, user: str, count: int
-                            ) -> tuple[int, list[ConversationRow]]: ...
+    async def conversations(self, user: str, count: int, upto: int | None = None
+                            ) -> tuple[int, list[ConversationRow]]:
+        """(total unread, the ``count`` newest conversations with a last mid of
+        at most ``upto``)."""
+        ...
 
     async def ping(self) -> None: ...
 
@@ -372,7 +375,11 @@ class GroupCache(Protocol):
 
     async def set_read(self, user: str, group: str, seq: int) -> int | None: ...
 
-    async def states(self, groups: Iterable[str]) -> dict[str, GroupState]: ...
+    async def states(self, groups: Iterable[str], *, last: bool = True
+                     ) -> dict[str, GroupState]:
+        """Each group's state; ``last=False`` leaves the newest message out
+        (``last`` None: a list of many groups reads only their numbers)."""
+        ...
 
     async def recalled(self, group: str, seq: int, mid: int, tombstone: bytes) -> None:
         """A recalled message leaves members' unread (and the state's last)."""

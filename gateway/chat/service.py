@@ -20,6 +20,7 @@ from core import dedup
 from core.batcher import Batcher
 from core.errors import Unavailable
 from core.ids import mid_time_ms
+from core.inbox import Position
 from core.inflight import InFlight
 from core.paging import seek_page
 from gateway.chat.claims import Claims
@@ -241,11 +242,15 @@ class ChatService:
             newest.mid if newest else 0)])
         return conv
 
-    async def conversation_rows(self, user: str, limit: int
-                                ) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
-        """(total unread, [(last mid, row)]) of the user's 1:1 conversations."""
-        total, rows = await self.offline.conversations(user, limit)
-        return total, [(r.mid, _row(r)) for r in rows if not r.conv.startswith("g:")]
+    async def conversation_rows(self, user: str, limit: int, after: Position | None = None
+                                ) -> tuple[int, list[tuple[Position, dict[str, Any]]]]:
+        """(total unread, [(position, row)]): the user's newest 1:1 conversations
+        after ``after``, at least ``limit + 1`` of them if there are."""
+        # Positions at ``after``'s mid but not before it (one at most: mids are
+        # unique) come back too and are left out by the caller.
+        total, rows = await self.offline.conversations(
+            user, limit + 2, None if after is None else after[0])
+        return total, [((r.mid, r.conv), _row(r)) for r in rows if not r.conv.startswith("g:")]
 
 
 def _row(r: ConversationRow) -> dict[str, Any]:

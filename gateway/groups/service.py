@@ -29,6 +29,7 @@ from core import dedup, groupseq, inbox
 from core.batcher import Batcher
 from core.errors import Unavailable
 from core.ids import mid_time_ms
+from core.inbox import Position
 from core.inflight import InFlight
 from core.paging import seek_page
 from gateway.chat.claims import Claims
@@ -304,19 +305,30 @@ class GroupService:
         return inbox.merge_group_pages(
             [[(m.mid, group_frame(m)) for m in page] for page in pages], limit)
 
-    async def conversation_rows(self, user: str) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
-        """(total unread over the user's groups, [(last mid, row)])."""
+    async def conversation_rows(self, user: str, limit: int, after: Position | None = None
+                                ) -> tuple[int, list[tuple[Position, dict[str, Any]]]]:
+        """(total unread over the user's groups, [(position, row)]): the ``limit +
+        1`` newest groups after ``after``. Every group's numbers are read (one
+        small hash read each, for the total), the newest message only of the
+        groups listed."""
         mine = await self.cache.user_groups(user)
         if not mine:
             return 0, []
-        states = await self.cache.states(mine)
+        states = await self.cache.states(mine, last=False)
         total = 0
-        rows: list[tuple[int, dict[str, Any]]] = []
+        marks: list[tuple[Position, int]] = []
         for g, st in states.items():
-            row = inbox.group_conversation_row(g, st.seq, st.lastmid, st.last,
-                                               mine[g].from_seq, mine[g].read_seq,
-                                               st.recalled)
-            total += row.unread
-            last = orjson.Fragment(row.last) if row.last else None
-            rows.append((row.mid, {"conv": row.conv, "unread": row.unread, "last": last}))
+            m = mine[g]
+            unread = inbox.group_unread(st.seq, m.read_seq, m.from_seq, st.recalled)
+            total += unread
+            shown = st.lastmid > 0 and st.seq > m.from_seq  # else sorts last (mid 0)
+            marks.append(((st.lastmid if shown else 0, f"g:{g}"), unread))
+        head = inbox.newest(marks, limit + 1, after)
+        full = await self.cache.states([pos[1][2:] for pos, _ in head if pos[0]])
+        rows: list[tuple[Position, dict[str, Any]]] = []
+        for (mid, conv), unread in head:
+            known = full.get(conv[2:])
+            last = known.last if known is not None and mid else None
+            rows.append(((mid, conv), {"conv": conv, "unread": unread,
+                                       "last": orjson.Fragment(last) if last else None}))
         return total, rows

@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.errors import Unavailable
 from core.ids import MAX_MID
+from core.seek_cursor import MAX_CURSOR
 from gateway.auth import Token, TokenVerifier
 from gateway.chat.service import ChatService
 from gateway.contacts.service import Relations
@@ -189,6 +190,10 @@ def _demo(app: FastAPI) -> None:
             return RedirectResponse("/demo/" + (f"?{query}" if query else ""), 307)
 
 
+ConversationCursor = Annotated[str | None, Query(
+    min_length=1, max_length=MAX_CURSOR, description="opaque: the last page's `cursor`")]
+
+
 def _messages(app: FastAPI, deps: HttpDeps) -> None:
     chat, convs = deps.chat, deps.conversations
 
@@ -206,8 +211,11 @@ def _messages(app: FastAPI, deps: HttpDeps) -> None:
         return _ok()
 
     @app.get("/v1/conversations", response_model=ConversationList, responses=READ)
-    async def conversations(user: User, limit: Limit = 100) -> JSON:
-        return JSON(await convs.conversations(user, limit))
+    async def conversations(user: User, limit: Limit = 100,
+                            cursor: ConversationCursor = None) -> JSON:
+        """1:1 conversations and groups together, most recent activity first,
+        ``limit`` a page; the answer's ``cursor`` asks for the next page."""
+        return JSON(await convs.conversations(user, limit, cursor))
 
     @app.post("/v1/conversations/{conv}/read", response_model=Ok,
               responses={**WRITE, **errors(403, 404)})

@@ -174,6 +174,7 @@ class Conversation(BaseModel):
 class ConversationList(BaseModel):
     total_unread: int
     conversations: list[Conversation]
+    cursor: str | None = Field(description="the next page's `cursor`; null on the last page")
 
 
 class GroupCreated(BaseModel):

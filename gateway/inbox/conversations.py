@@ -15,7 +15,10 @@ from typing import Any
 from core import inbox
 from core.cursors import next_cursor
 from core.ids import mid_for_time_ms
+from core.inbox import Position
+from core.seek_cursor import BadCursor, decode_cursor, encode_cursor
 from gateway.chat.service import ChatService
+from gateway.errors import ProtocolError
 from gateway.groups.service import GroupService
 
 __all__ = ["Conversations", "SyncPage"]
@@ -63,9 +66,27 @@ class Conversations:
             horizon = min(horizon, low - 1)
         return SyncPage(msgs, next_cursor(since, mids, more, horizon), more)
 
-    async def conversations(self, user: str, limit: int) -> dict[str, Any]:
-        """1:1 conversations and groups, newest first; the total covers both."""
-        total, direct = await self.chat.conversation_rows(user, limit)
-        group_total, group_rows = await self.groups.conversation_rows(user)
-        rows = inbox.merge_conversations(direct, group_rows, limit)
-        return {"total_unread": total + group_total, "conversations": rows}
+    async def conversations(self, user: str, limit: int, cursor: str | None = None
+                            ) -> dict[str, Any]:
+        """1:1 conversations and groups, newest first, ``limit`` a page; the
+        total covers both. ``cursor``: the previous page's."""
+        after = None if cursor is None else _position(user, cursor)
+        total, direct = await self.chat.conversation_rows(user, limit, after)
+        group_total, group_rows = await self.groups.conversation_rows(user, limit, after)
+        rows, last = inbox.conversation_page([*direct, *group_rows], limit, after)
+        return {"total_unread": total + group_total, "conversations": rows,
+                "cursor": None if last is None else encode_cursor(
+                    _scope(user), f"{last[0]}|{last[1]}")}
+
+
+def _scope(user: str) -> str:
+    return f"conversations:{user}"
+
+
+def _position(user: str, cursor: str) -> Position:
+    """The position a cursor of ``user``'s conversation list carries."""
+    try:
+        mid, _, conv = decode_cursor(_scope(user), cursor).partition("|")
+        return int(mid), conv
+    except (BadCursor, ValueError):
+        raise ProtocolError("bad_request", "cursor: not a cursor of this list") from None

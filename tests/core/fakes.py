@@ -236,11 +236,12 @@ class FakeOffline(Faulty):
         return [[f for m, f in sorted(self.inboxes.get(u, Inbox()).entries.items())
                  if m > since][:count] for u in users]
 
-    async def conversations(self, user: str, count: int
+    async def conversations(self, user: str, count: int, upto: int | None = None
                             ) -> tuple[int, list[ConversationRow]]:
         self._up("conversations")
         box = self.inboxes.get(user, Inbox())
-        newest = sorted(box.convs.items(), key=lambda kv: kv[1][0], reverse=True)[:count]
+        newest = sorted(((c, v) for c, v in box.convs.items() if upto is None or v[0] <= upto),
+                        key=lambda kv: kv[1][0], reverse=True)[:count]
         rows = [ConversationRow(c, mid, len(box.unread.get(c, ())), last)
                 for c, (mid, last) in newest]
         return sum(len(s) for s in box.unread.values()), rows

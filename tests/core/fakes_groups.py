@@ -5,6 +5,7 @@ see ``fakes.py`` for what the fakes promise."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from router.controls import Control
@@ -282,9 +283,11 @@ class FakeGroupCache(Faulty):
         self.by_user[user][group] = Membership(m.from_seq, max(m.read_seq, seq))
         return max(m.read_seq, seq)
 
-    async def states(self, groups: Iterable[str]) -> dict[str, GroupState]:
+    async def states(self, groups: Iterable[str], *, last: bool = True
+                     ) -> dict[str, GroupState]:
         self._up("states")
-        return {g: self.state.get(g, NO_STATE) for g in groups}
+        found = {g: self.state.get(g, NO_STATE) for g in groups}
+        return found if last else {g: replace(st, last=None) for g, st in found.items()}
 
     async def recalled(self, group: str, seq: int, mid: int, tombstone: bytes) -> None:
         """As ``group_recall.lua``: on a known state, ``seq`` joins the recalled

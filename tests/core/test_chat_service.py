@@ -226,8 +226,8 @@ async def test_read_marks_and_history_pages(world: World) -> None:
     mids = await three_to_bob(world)
     assert await world.chat.mark_read("bob", "alice", mids[0]) == 2
     total, rows = await world.chat.conversation_rows("bob", 10)
-    assert total == 2 and [(m, r["conv"], r["unread"]) for m, r in rows] == [
-        (mids[2], "alice", 2)]
+    assert total == 2 and [(pos, r["conv"], r["unread"]) for pos, r in rows] == [
+        ((mids[2], "alice"), "alice", 2)]
     page, cursor = await world.chat.history("bob", "alice", None, 2)
     assert [f["mid"] for f in page] == [mids[2], mids[1]] and cursor == mids[1]
     page, cursor = await world.chat.history("bob", "alice", cursor, 2)

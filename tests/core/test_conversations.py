@@ -15,6 +15,7 @@ import pytest
 from core import dedup
 from core.errors import Unavailable
 from gateway.config import Settings
+from gateway.errors import ProtocolError
 from gateway.inbox.conversations import Conversations
 from store.records import ChatMessage
 from tests.core.world import World, build
@@ -149,3 +150,31 @@ async def test_sync_cursors_stay_below_a_send_that_may_still_land(world: World) 
     assert chat.inflight.oldest(time.monotonic() + 31) is None  # the linger is over
     page = await conversations.sync("bob", page.next, 10)
     assert page.next == third
+
+
+async def test_conversation_pages_cover_the_list_once_in_order(world: World) -> None:
+    big, small = await groups_of_bob(world)
+    quiet, _ = await world.admin.create("alice", "quiet", ["bob", "carol"])  # no message
+    for i, peer in enumerate(["alice", "dave", "erin"]):
+        await world.chat.send(peer, "bob", f"c{i}", i)
+        await world.groups.send("bob", big if i % 2 else small, f"g{i}", i)
+    whole = await world.conversations.conversations("bob", 50)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await world.conversations.conversations("bob", 2, cursor)
+        assert len(page["conversations"]) <= 2
+        assert page["total_unread"] == whole["total_unread"]
+        seen += [r["conv"] for r in page["conversations"]]
+        cursor = page["cursor"]
+        if cursor is None:
+            break
+    assert seen == [r["conv"] for r in whole["conversations"]]
+    assert len(seen) == 6 and seen[-1] == f"g:{quiet}" and whole["cursor"] is None
+    # Another user's cursor, or a forged one, is refused.
+    first = await world.conversations.conversations("bob", 2)
+    for bad in (first["cursor"] + "x", "not-a-cursor"):
+        with pytest.raises(ProtocolError):
+            await world.conversations.conversations("bob", 2, bad)
+    with pytest.raises(ProtocolError):
+        await world.conversations.conversations("carol", 2, first["cursor"])

@@ -147,7 +147,7 @@ async def test_dissolve_announces_then_retires_every_member(world: World) -> Non
     await world.admin.dissolve("alice", g)  # the owner's retry: answered again
     assert await world.admin.list_groups("bob") == {"groups": [], "cursor": None}
     convs = await world.conversations.conversations("bob", 10)
-    assert convs == {"total_unread": 0, "conversations": []}
+    assert convs == {"total_unread": 0, "conversations": [], "cursor": None}
     page, _ = await world.groups.history("bob", g, None, 10)  # history stays readable
     assert [f["mid"] for f in page] == [sent.mid]
     assert await code_of(world.groups.history("dave", g, None, 10)) == "forbidden"

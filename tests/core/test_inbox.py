@@ -7,11 +7,12 @@ import random
 from core.inbox import (
     GroupRow,
     busy_groups,
+    conversation_page,
     group_conversation_row,
     group_unread,
-    merge_conversations,
     merge_group_pages,
     merge_sync,
+    newest,
 )
 
 
@@ -78,17 +79,23 @@ def test_busy_groups_and_group_pages():
     assert merge_group_pages([], 3) == []
 
 
-def test_merge_conversations_newest_first():
-    direct = [(9, {"conv": "bob"}), (4, {"conv": "amy"})]
-    groups = [(7, {"conv": "g:x"}), (0, {"conv": "g:quiet"})]
-    assert merge_conversations(direct, groups, 10) == [
-        {"conv": "bob"}, {"conv": "g:x"}, {"conv": "amy"}, {"conv": "g:quiet"}]
-    assert merge_conversations(direct, groups, 2) == [{"conv": "bob"}, {"conv": "g:x"}]
-    assert merge_conversations([], [], 5) == []
+def test_conversation_pages_follow_positions_newest_first():
+    rows = [((9, "a"), "a"), ((5, "g:x"), "g:x"), ((7, "b"), "b"), ((0, "g:q"), "g:q"),
+            ((0, "g:p"), "g:p")]
+    page, after = conversation_page(rows, 2)
+    assert page == ["a", "b"] and after == (7, "b")
+    page, after = conversation_page(rows, 2, after)
+    assert page == ["g:x", "g:q"] and after == (0, "g:q")
+    page, after = conversation_page(rows, 2, after)  # groups without a message: by id
+    assert page == ["g:p"] and after is None
+    assert conversation_page(rows, 5) == (["a", "b", "g:x", "g:q", "g:p"], None)
+    assert conversation_page([], 5) == ([], None)
 
 
-def test_merge_conversations_equal_mids_keep_direct_first():
-    assert merge_conversations([(5, "d")], [(5, "g")], 5) == ["d", "g"]
+def test_newest_takes_count_after_a_position():
+    rows = [((m, str(m)), m) for m in range(10)]
+    assert [r for _, r in newest(rows, 3)] == [9, 8, 7]
+    assert [r for _, r in newest(rows, 3, (5, "5"))] == [4, 3, 2]
 
 
 def test_group_unread_leaves_out_recalled_seqs_after_the_read():

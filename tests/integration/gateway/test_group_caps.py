@@ -82,3 +82,34 @@ async def test_my_groups_are_paged(make_node, http):
     r = await http(uid("x"), node).get("/v1/groups", params={"cursor": cursor or "AAAA"})
     assert r.status_code == 400  # another list's cursor, or none at all
     assert (await hu.get("/v1/groups", params={"limit": 201})).status_code == 400
+
+
+async def test_conversations_are_paged_over_chats_and_groups_together(make_node, connect, http):
+    node = await make_node()
+    me, owner = uid("me"), uid("o")
+    ho, hm = http(owner, node), http(me, node)
+    groups = [(await ho.post("/v1/groups", json={"name": f"g{i}", "members": [me]})).json()
+              ["group"] for i in range(5)]
+    co = await connect(node, owner)
+    for i, g in enumerate(groups[:3]):  # two groups stay without a message
+        assert (await co.request("group_send", group=g, cmid=f"g{i}", body=i))["op"] == "ack"
+    for i in range(4):
+        cp = await connect(node, uid("p"))
+        assert (await cp.request("send", to=me, cmid="c", body=i))["op"] == "ack"
+    whole = (await hm.get("/v1/conversations", params={"limit": 50})).json()
+    assert len(whole["conversations"]) == 9 and whole["cursor"] is None
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = (await hm.get("/v1/conversations", params=params)).json()
+        assert len(page["conversations"]) <= 2
+        assert page["total_unread"] == whole["total_unread"] == 7
+        seen += [r["conv"] for r in page["conversations"]]
+        if (cursor := page["cursor"]) is None:
+            break
+    assert seen == [r["conv"] for r in whole["conversations"]]
+    bad = await hm.get("/v1/conversations", params={"cursor": "x" * 20})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_request"
+    mine = (await hm.get("/v1/conversations", params={"limit": 1})).json()["cursor"]
+    other = await ho.get("/v1/conversations", params={"limit": 1, "cursor": mine})
+    assert other.status_code == 400  # a cursor of another user's list
