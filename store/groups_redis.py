@@ -4,6 +4,11 @@
   (``group_state.lua``: every field only moves forward). ``ok`` marks a hash
   filled from MongoDB; a hash without it (Redis lost the key, or only a
   send wrote to it since) is merged with MongoDB's values on first read.
+- ``gn:{gn:N}``: a summary of groups' numbers (seq, last mid, newest
+  read-diffused mid, recalled seqs) in ``GROUP_NUMBER_SHARDS`` hashes, so a
+  list of a user's groups reads at most that many keys whatever their number
+  (``group_numbers.lua``; an entry merged from a complete state is complete,
+  one only a send wrote to is filled from ``gs`` on first read).
 - ``gm:{g:G}``: the member set; ``ug:{user}``: the user's groups with the seq
   each membership starts after and the read seq. Both carry the marker
   ``~`` once complete; without it they are rebuilt from MongoDB.
@@ -54,6 +59,7 @@ class GroupCacheRedis:
         self._state = Lua("group_state.lua")
         self._recall = Lua("group_recall.lua")
         self._read = Lua("read_seq.lua")
+        self._numbers = Lua("group_numbers.lua")
 
     # -- members ---------------------------------------------------------------
     async def is_member(self, group: str, user: str) -> bool:
@@ -238,7 +244,7 @@ class GroupCacheRedis:
         numbers only."""
         groups = list(groups)
         try:
-            return await self._states(groups, last)
+            return await (self._states(groups, True) if last else self._numbers_of(groups))
         except Unavailable:
             out: dict[str, GroupState] = {}
             for g in groups:
@@ -248,6 +254,44 @@ class GroupCacheRedis:
                                     self.encode_last(newest) if newest else None,
                                     int(doc.get("rdmid", 0)))
             return out
+
+    async def _numbers_of(self, groups: list[str]) -> dict[str, GroupState]:
+        """Numbers from the summary's shards (one hash read per shard, whatever
+        the number of groups); a group missing there, or not known complete, is
+        read from its state (rebuilt from MongoDB if need be) and merged in."""
+        by_shard: dict[str, list[str]] = {}
+        for g in dict.fromkeys(groups):
+            by_shard.setdefault(self.keys.group_numbers(g), []).append(g)
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for key, members in by_shard.items():
+                pipe.hmget(key, members)
+            got = await pipe.execute()
+        out: dict[str, GroupState] = {}
+        missing: list[str] = []
+        for members, values in zip(by_shard.values(), got, strict=True):
+            for g, v in zip(members, values, strict=True):
+                st = _numbers(v)
+                if st is None:
+                    missing.append(g)
+                else:
+                    out[g] = st
+        if missing:
+            full = await self._states(missing, False)
+            await self._merge_numbers([(g, "1", st) for g, st in full.items()])
+            out.update(full)
+        return {g: out[g] for g in groups}
+
+    async def _merge_numbers(self, entries: Sequence[tuple[str, str, GroupState]]) -> None:
+        """Merge (group, ok, numbers) into the summary, one script call per shard."""
+        by_shard: dict[str, list[Any]] = {}
+        for g, ok, st in entries:
+            by_shard.setdefault(self.keys.group_numbers(g), []).extend(_number_args(g, ok, st))
+        async with redis_guard():
+            batch = Batch(self.redis)
+            for key, args in by_shard.items():
+                batch.script(self._numbers, keys=[key], args=[CACHE_TTL_S, RECALLED_KEPT, *args])
+            await batch.execute()
 
     async def _states(self, groups: list[str], last: bool) -> dict[str, GroupState]:
         async with redis_guard():
@@ -277,6 +321,7 @@ class GroupCacheRedis:
         async with redis_guard():
             await self._recall(self.redis, [self.keys.group_state(group)],
                                [seq, mid, tombstone, RECALLED_KEPT])
+        await self._merge_numbers([(group, "0", GroupState(0, 0, None, 0, (seq,)))])
 
     async def _rebuild_state(self, group: str) -> dict[bytes, bytes]:
         doc = await self.store.get(group) or {}
@@ -299,6 +344,7 @@ class GroupCacheRedis:
         async with redis_guard():
             await self._state(self.redis, [self.keys.group_state(group)],
                               [0, 0, "", 0, "1", CACHE_TTL_S])
+        await self._merge_numbers([(group, "1", GroupState(0, 0, None, 0))])
 
     async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
                      senders: Sequence[tuple[str, str, int]] = ()) -> None:
@@ -306,10 +352,30 @@ class GroupCacheRedis:
         group, and (user, group, seq) per sender: its own messages are read."""
         async with redis_guard():
             batch = Batch(self.redis)
+            numbers: dict[str, list[Any]] = {}
             for g, seq, lastmid, last, rdmid in updates:
                 batch.script(self._state, keys=[self.keys.group_state(g)],
                              args=[seq, lastmid, last, rdmid, "0", CACHE_TTL_S])
+                numbers.setdefault(self.keys.group_numbers(g), []).extend(
+                    _number_args(g, "0", GroupState(seq, lastmid, None, rdmid)))
+            for key, args in numbers.items():
+                batch.script(self._numbers, keys=[key], args=[CACHE_TTL_S, RECALLED_KEPT, *args])
             for user, g, seq in senders:
                 batch.script(self._read, keys=[self.keys.user_groups(user)],
                              args=[g, seq, CACHE_TTL_S])
             await batch.execute()
+
+
+def _number_args(group: str, ok: str, st: GroupState) -> list[Any]:
+    return [group, ok, st.seq, st.lastmid, st.rdmid, ".".join(str(q) for q in st.recalled)]
+
+
+def _numbers(value: bytes | None) -> GroupState | None:
+    """A summary entry's numbers, if it is there and complete."""
+    if value is None:
+        return None
+    ok, seq, lastmid, rdmid, rc = value.split(b",", 4)
+    if ok != b"1":
+        return None
+    return GroupState(int(seq), int(lastmid), None, int(rdmid),
+                      tuple(int(x) for x in rc.split(b".") if x))

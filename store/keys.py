@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import zlib
 
-__all__ = ["COUNTER_SHARDS", "PULL_SHARDS", "TIMELINE_SHARDS", "Keys"]
+__all__ = ["COUNTER_SHARDS", "GROUP_NUMBER_SHARDS", "PULL_SHARDS", "TIMELINE_SHARDS", "Keys"]
 
 # Keys every user or post would otherwise share are split into shards, each
 # its own hash tag (slot), so no single Redis Cluster node takes every
 # timeline write or every counter change (docs/scaling.md: their cost at 10x).
 COUNTER_SHARDS = 64  # post counters and their dirty sets, by post id
 TIMELINE_SHARDS = 64  # timeline floors, growth and trims, by user
+GROUP_NUMBER_SHARDS = 64  # groups' numbers (seq, last mid, ...) by group: a list of a
+# user's groups reads at most this many hashes, whatever the number of groups
 PULL_SHARDS = 16  # pulled authors and fan-outs under way, by author; a timeline read
 # reads the shards of the authors it follows
 
@@ -75,6 +77,18 @@ class Keys:
     def group_state(self, group: str) -> str:
         """Hash: seq, lastmid, last (encoded newest message), rdmid, ok."""
         return f"{self.ns}:gs:{{g:{group}}}"
+
+    def group_numbers(self, group: str) -> str:
+        """Hash (one of ``GROUP_NUMBER_SHARDS``, by group): group -> its numbers
+        as ``ok,seq,lastmid,rdmid,recalled`` (``group_numbers.lua``)."""
+        return self.group_numbers_shard(self.group_number_shard(group))
+
+    def group_numbers_shard(self, shard: int) -> str:
+        return f"{self.ns}:gn:{{gn:{shard}}}"
+
+    @staticmethod
+    def group_number_shard(group: str) -> int:
+        return zlib.crc32(group.encode()) % GROUP_NUMBER_SHARDS
 
     def group_members(self, group: str) -> str:
         """Set of member ids, plus the marker ``~`` once complete."""

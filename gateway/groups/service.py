@@ -297,7 +297,7 @@ class GroupService:
         mine = await self.cache.user_groups(user)
         if not mine:
             return []
-        states = await self.cache.states(mine)
+        states = await self.cache.states(mine, last=False)
         busy = inbox.busy_groups({g: st.rdmid for g, st in states.items()}, since)
         pages = await asyncio.gather(*(
             self.store.page(g, from_seq=mine[g].from_seq, after=since, limit=limit,
