@@ -64,9 +64,40 @@ async def settle(h: History, timeout: float) -> dict[str, Any]:
         return not pending and all(u.client.connected for u in h.everyone)
 
     await until(done, timeout=timeout, every=0.25)
+    lacking = {r.name for u, s in pending for r in missing(h, s, u)}
     return {"not_connected": [u.name for u in h.everyone if not u.client.connected],
             "undelivered": sum(len(missing(h, s, u)) for u, s in pending),
-            "examples": [_left(h, u, s) for u, s in pending[:10]]}
+            "examples": [_left(h, u, s) for u, s in pending[:10]],
+            "clients": {u.name: client_state(u) for u in h.everyone if u.name in lacking}}
+
+
+def client_state(u: User) -> dict[str, Any]:
+    """Where a receiver's client stands (what its connection loop awaits, its
+    sync), for a run that ends with messages it never got."""
+    c = u.client
+    task = getattr(c, "_run_task", None)
+    state: dict[str, Any] = {"syncing": c.inbox.syncing, "sync_locked": c._sync_lock.locked(),
+                             "cursor": c.inbox.cursor, "connects": c.connects}
+    if task is None:
+        return state
+    if task.done():
+        exc = None if task.cancelled() else task.exception()
+        state["loop"] = f"ended: {exc!r}"
+    else:
+        state["loop"] = awaiting(task.get_coro())
+    return state
+
+
+def awaiting(coro: Any) -> list[str]:
+    """The chain of awaits a suspended coroutine is in, outermost first."""
+    out: list[str] = []
+    while coro is not None and len(out) < 30:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            out.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} "
+                       f"{frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return out
 
 
 def _left(h: History, u: User, s: Send) -> dict[str, Any]:

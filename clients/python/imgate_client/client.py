@@ -248,7 +248,11 @@ class Client(Rooming, Ops, Syncing):
                 self.policy.on_open(loop.time())
                 self.connects += 1
                 opened = True
-                await self._setup(conn, url)
+                try:
+                    await self._setup(conn, url)
+                except Exception:  # a bug of ours or a reply we did not foresee:
+                    log.exception("setting up the connection failed")  # a new one
+                    await conn.close(1011, "client setup failed")
                 await closed
                 self._lost(conn)
                 unanswered = self.outbox.unanswered(self._gen)

@@ -114,6 +114,31 @@ async def test_one_to_one_across_two_nodes(make_node, sdk, redis_client):
     assert await until(only_its_own, 5)
 
 
+async def test_a_connection_whose_setup_fails_is_replaced(make_node, sdk):
+    """A failure while setting a connection up (a reply the client did not
+    foresee, a bug) closes it and the client connects again, never sitting on
+    a connection it does not read from."""
+    node = await make_node()
+    a, b = uid("a"), uid("b")
+    cb = sdk(b, node)
+    setup, failed = cb._setup, []
+
+    async def fails_once(conn: Any, url: str) -> None:
+        if not failed:
+            failed.append(url)
+            raise RuntimeError("an unforeseen reply")
+        await setup(conn, url)
+
+    cb._setup = fails_once  # type: ignore[method-assign]
+    await cb.connect()
+    assert failed and cb.connected and cb.connects == 2
+    ca = sdk(a, node)
+    await ca.connect()
+    ack = await ca.send(b, "after the failed setup")
+    [got] = await messages(cb, 1)
+    assert got.mid == ack.mid
+
+
 async def test_an_offline_user_syncs_each_message_exactly_once(make_node, sdk):
     node = await make_node()
     a, b = uid("a"), uid("b")
