@@ -121,7 +121,7 @@ async def test_a_connection_whose_setup_fails_is_replaced(make_node, sdk):
     node = await make_node()
     a, b = uid("a"), uid("b")
     cb = sdk(b, node)
-    setup, failed = cb._setup, []
+    setup, failed = cb._setup, list[str]()
 
     async def fails_once(conn: Any, url: str) -> None:
         if not failed:
