@@ -23,6 +23,8 @@ from typing import Generic, TypeVar
 __all__ = [
     "GroupRow",
     "Position",
+    "RdPlan",
+    "rd_plan",
     "busy_groups",
     "conversation_page",
     "group_conversation_row",
@@ -87,6 +89,37 @@ def merge_sync(
 def busy_groups(rdmids: Mapping[str, int], since: int) -> list[str]:
     """Groups with a read-diffused message after ``since`` (the others have none)."""
     return [group for group, rdmid in rdmids.items() if rdmid > since]
+
+
+@dataclass(frozen=True, slots=True)
+class RdPlan:
+    """Which groups a sync reads from MongoDB, and how many messages of each.
+
+    ``cut``: the mid of the first message left for the next call (its group
+    would have been one group too many); the page stops below it, on every
+    side (the user's own store too), and says ``more``. None: no cut."""
+
+    reads: dict[str, int]
+    cut: int | None
+
+
+def rd_plan(indexed: Mapping[str, Sequence[tuple[int, int]]], from_seq: Mapping[str, int],
+            limit: int, max_groups: int) -> RdPlan:
+    """The groups to read for a page of ``limit`` (plus one, to know "more"),
+    from each group's indexed (mid, seq) after the cursor (each at least
+    ``limit + 1`` of them, or all it has), at most ``max_groups`` groups.
+    Messages from before the member joined (seq at most ``from_seq``) do not
+    count."""
+    candidates = sorted((mid, g) for g, entries in indexed.items()
+                        for mid, seq in entries if seq > from_seq.get(g, 0))
+    reads: dict[str, int] = {}
+    for taken, (mid, g) in enumerate(candidates):
+        if taken == limit + 1:
+            break
+        if g not in reads and len(reads) == max_groups:
+            return RdPlan(reads, mid)
+        reads[g] = reads.get(g, 0) + 1
+    return RdPlan(reads, None)
 
 
 def merge_group_pages(

@@ -333,3 +333,11 @@ class GroupsMongo:
                     "mid", DESCENDING).limit(1):
                 return group_message(d)
         return None
+
+    async def rd_index(self, group: str, scan: int) -> tuple[list[tuple[int, int]], int]:
+        async with mongo_guard():
+            docs = [d async for d in self.msgs.find(
+                {"g": group, "mid": {"$gte": 0}}, {"mid": 1, "seq": 1, "wd": 1}).sort(
+                    "mid", DESCENDING).limit(scan)]
+        floor = int(docs[-1]["mid"]) - 1 if len(docs) == scan else 0
+        return [(int(d["mid"]), int(d["seq"])) for d in docs if not d.get("wd")], floor

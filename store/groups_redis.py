@@ -9,6 +9,10 @@
   list of a user's groups reads at most that many keys whatever their number
   (``group_numbers.lua``; an entry merged from a complete state is complete,
   one only a send wrote to is filled from ``gs`` on first read).
+- ``grd:{g:G}``: the group's newest ``RD_KEPT`` read-diffused messages (seq
+  by mid) and ``~`` at the floor above which it is complete: a sync learns
+  which groups hold its next messages without asking MongoDB
+  (``group_rd.lua``; without ``~`` it is rebuilt from MongoDB).
 - ``gm:{g:G}``: the member set; ``ug:{user}``: the user's groups with the seq
   each membership starts after and the read seq. Both carry the marker
   ``~`` once complete; without it they are rebuilt from MongoDB.
@@ -20,7 +24,7 @@ never a wrong seq (seqs come from MongoDB) or a lost membership.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from store.errors import Unavailable
@@ -32,6 +36,7 @@ from store.redis_client import Batch, Lua, RedisClient, redis_guard
 __all__ = ["GroupCacheRedis"]
 
 MARK = "~"  # not a valid id: marks a set or hash as complete
+MARK_B = MARK.encode()
 # Every key here is a cache of MongoDB (complete only with its MARK or 'ok'):
 # each expires this long after its last write and is rebuilt when next read.
 CACHE_TTL_S = 7 * 86_400
@@ -41,6 +46,8 @@ CHUNK = 1000  # users per pipeline when a call touches every member
 NUMBERS = ("seq", "lastmid", "rdmid", "rc", "ok")
 NUMBERS_B = tuple(f.encode() for f in NUMBERS)
 RECALLED_KEPT = 1000  # recalled seqs a group's state keeps (older ones count as unread again)
+RD_KEPT = 1000  # read-diffused messages a group's index keeps (a sync from further
+# back reads that group from MongoDB)
 
 
 class GroupCacheRedis:
@@ -60,6 +67,8 @@ class GroupCacheRedis:
         self._recall = Lua("group_recall.lua")
         self._read = Lua("read_seq.lua")
         self._numbers = Lua("group_numbers.lua")
+        self._rd = Lua("group_rd.lua")
+        self._rd_after = Lua("group_rd_after.lua")
 
     # -- members ---------------------------------------------------------------
     async def is_member(self, group: str, user: str) -> bool:
@@ -255,6 +264,25 @@ class GroupCacheRedis:
                                     int(doc.get("rdmid", 0)))
             return out
 
+    async def rd_after(self, groups: Mapping[str, int], since: int, count: int
+                       ) -> dict[str, list[tuple[int, int]] | None]:
+        async with redis_guard():
+            batch = Batch(self.redis)
+            for g, from_seq in groups.items():
+                batch.script(self._rd_after, keys=[self.keys.group_rd(g)],
+                             args=[since, from_seq, count])
+            got = await batch.execute()
+        return {g: None if raw is None else [(int(float(raw[i])), int(raw[i + 1]))
+                                             for i in range(0, len(raw), 2)]
+                for g, raw in zip(groups, got, strict=True)}
+
+    async def rebuild_rd(self, group: str) -> None:
+        entries, floor = await self.store.rd_index(group, RD_KEPT)
+        pairs = [x for mid, seq in entries for x in (mid, seq)]
+        async with redis_guard():
+            await self._rd(self.redis, keys=[self.keys.group_rd(group)],
+                           args=[CACHE_TTL_S, RD_KEPT, floor, *pairs])
+
     async def _numbers_of(self, groups: list[str]) -> dict[str, GroupState]:
         """Numbers from the summary's shards (one hash read per shard, whatever
         the number of groups); a group missing there, or not known complete, is
@@ -344,14 +372,24 @@ class GroupCacheRedis:
         async with redis_guard():
             await self._state(self.redis, [self.keys.group_state(group)],
                               [0, 0, "", 0, "1", CACHE_TTL_S])
+            await self._rd(self.redis, keys=[self.keys.group_rd(group)],
+                           args=[CACHE_TTL_S, RD_KEPT, 0])  # none yet: complete
         await self._merge_numbers([(group, "1", GroupState(0, 0, None, 0))])
 
     async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
-                     senders: Sequence[tuple[str, str, int]] = ()) -> None:
+                     senders: Sequence[tuple[str, str, int]] = (),
+                     rd: Sequence[tuple[str, int, int]] = ()) -> None:
         """After a batch: (group, seq, lastmid, encoded newest message, rdmid) per
-        group, and (user, group, seq) per sender: its own messages are read."""
+        group, (user, group, seq) per sender (its own messages are read), and
+        (group, mid, seq) per read-diffused message (the group's index)."""
         async with redis_guard():
             batch = Batch(self.redis)
+            index: dict[str, list[int]] = {}
+            for g, mid, seq in rd:
+                index.setdefault(g, []).extend((mid, seq))
+            for g, pairs in index.items():
+                batch.script(self._rd, keys=[self.keys.group_rd(g)],
+                             args=[CACHE_TTL_S, RD_KEPT, "", *pairs])
             numbers: dict[str, list[Any]] = {}
             for g, seq, lastmid, last, rdmid in updates:
                 batch.script(self._state, keys=[self.keys.group_state(g)],

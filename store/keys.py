@@ -78,6 +78,11 @@ class Keys:
         """Hash: seq, lastmid, last (encoded newest message), rdmid, ok."""
         return f"{self.ns}:gs:{{g:{group}}}"
 
+    def group_rd(self, group: str) -> str:
+        """Sorted set: the group's newest read-diffused messages (member seq, score
+        mid) and ``~`` at the floor it is complete above (``group_rd.lua``)."""
+        return f"{self.ns}:grd:{{g:{group}}}"
+
     def group_numbers(self, group: str) -> str:
         """Hash (one of ``GROUP_NUMBER_SHARDS``, by group): group -> its numbers
         as ``ok,seq,lastmid,rdmid,recalled`` (``group_numbers.lua``)."""

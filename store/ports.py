@@ -346,6 +346,12 @@ class GroupStore(Protocol):
 
     async def last(self, group: str) -> GroupMessage | None: ...
 
+    async def rd_index(self, group: str, scan: int) -> tuple[list[tuple[int, int]], int]:
+        """(mid, seq) of the read-diffused messages among the group's newest
+        ``scan`` messages, and the floor: every read-diffused message above it
+        is in the list (0: the list is the group's whole past)."""
+        ...
+
 
 class GroupCache(Protocol):
     """The groups' hot state in Redis, rebuilt from ``GroupStore`` when incomplete."""
@@ -388,7 +394,23 @@ class GroupCache(Protocol):
     async def created(self, group: str) -> None: ...
 
     async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
-                     senders: Sequence[tuple[str, str, int]] = ()) -> None: ...
+                     senders: Sequence[tuple[str, str, int]] = (),
+                     rd: Sequence[tuple[str, int, int]] = ()) -> None:
+        """After a batch: the groups' state, the senders' read seqs, and
+        (group, mid, seq) of each read-diffused message for the groups' indexes."""
+        ...
+
+    async def rd_after(self, groups: Mapping[str, int], since: int, count: int
+                       ) -> dict[str, list[tuple[int, int]] | None]:
+        """Per group (-> the member's from_seq), (mid, seq) of its first
+        ``count`` read-diffused messages after ``since`` with a seq above
+        from_seq, from its index; None where the index does not reach back to
+        ``since`` (or is gone): MongoDB must be asked."""
+        ...
+
+    async def rebuild_rd(self, group: str) -> None:
+        """The group's index of read-diffused messages, from MongoDB."""
+        ...
 
 
 class FollowStore(Protocol):

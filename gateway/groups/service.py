@@ -46,6 +46,9 @@ from store.records import Erasure, GroupMessage, Membership
 __all__ = ["GroupSendResult", "GroupService"]
 
 log = logging.getLogger("gateway.groups.service")
+# Groups a sync reads from MongoDB in one call (those holding its next
+# messages, known from their indexes): its work whatever the user's groups.
+SYNC_GROUP_READS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +203,9 @@ class GroupService:
         frames = {id(s.msg): s.frame for s in stored}
         summary = groupseq.summarize([s.msg for s in stored])
         await self.cache.record([(g, m.seq, m.mid, frames[id(m)], summary.rdmid.get(g, 0))
-                                 for g, m in summary.newest.items()], summary.reads)
+                                 for g, m in summary.newest.items()], summary.reads,
+                                [(s.msg.group, s.msg.mid, s.msg.seq) for s in stored
+                                 if not s.msg.wd])
         self._later(self.store.set_reads(summary.reads))  # only Redis' rebuild needs it
         await self.offline.deliver([], [(s.msg.sender, s.msg.cmid,
                                          dedup.done(s.msg.mid, s.msg.seq)) for s in stored],
@@ -291,19 +296,39 @@ class GroupService:
         return [group_frame(m) for m in page], cursor
 
     async def sync_rd(self, user: str, since: int, limit: int
-                      ) -> list[tuple[int, dict[str, Any]]]:
+                      ) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:
         """(mid, frame) of read-diffused group messages after ``since`` (write-diffused
-        ones are in the user's own offline store and box), oldest first."""
+        ones are in the user's own offline store and box), oldest first, at most
+        ``limit + 1`` (one more than a page: "more" is known); and the cut
+        (``inbox.RdPlan``): the page stops below it.
+
+        The groups' indexes say which groups hold the next messages, so at most
+        ``SYNC_GROUP_READS`` groups are read from MongoDB, whatever the number of
+        the user's groups with news; a group whose index does not reach back to
+        ``since`` is read as well (and its index rebuilt for the next call)."""
         mine = await self.cache.user_groups(user)
         if not mine:
-            return []
+            return [], None
         states = await self.cache.states(mine, last=False)
         busy = inbox.busy_groups({g: st.rdmid for g, st in states.items()}, since)
+        if not busy:
+            return [], None
+        indexed = await self.cache.rd_after({g: mine[g].from_seq for g in busy}, since,
+                                            limit + 1)
+        unknown = [g for g in busy if indexed[g] is None]
+        plan = inbox.rd_plan({g: e for g, e in indexed.items() if e is not None},
+                             {g: mine[g].from_seq for g in busy}, limit, SYNC_GROUP_READS)
+        reads = [*plan.reads.items(), *((g, limit + 1) for g in unknown)]
         pages = await asyncio.gather(*(
-            self.store.page(g, from_seq=mine[g].from_seq, after=since, limit=limit,
-                            only_rd=True) for g in busy))
-        return inbox.merge_group_pages(
-            [[(m.mid, group_frame(m)) for m in page] for page in pages], limit)
+            self.store.page(g, from_seq=mine[g].from_seq, after=since, limit=count,
+                            only_rd=True) for g, count in reads))
+        for g in unknown[:SYNC_GROUP_READS]:
+            self._later(self.cache.rebuild_rd(g))
+        cut = plan.cut
+        rows = inbox.merge_group_pages(
+            [[(m.mid, group_frame(m)) for m in page if cut is None or m.mid < cut]
+             for page in pages], limit + 1)
+        return rows, cut
 
     async def conversation_rows(self, user: str, limit: int, after: Position | None = None
                                 ) -> tuple[int, list[tuple[Position, dict[str, Any]]]]:

@@ -58,8 +58,11 @@ class Conversations:
         """Messages after ``since``, oldest first: the user's own store (1:1 and
         write-diffused groups) merged with its read-diffused groups."""
         rows = await self.chat.sync_rows(user, since, limit + 1)
-        extra = await self.groups.sync_rd(user, since, limit + 1)
+        extra, cut = await self.groups.sync_rd(user, since, limit)
+        if cut is not None:  # the groups' side stopped below it: so does this page
+            rows = [r for r in rows if r[0] < cut]
         msgs, mids, more = inbox.merge_sync(rows, extra, limit)
+        more = more or cut is not None
         horizon = mid_for_time_ms(int(time.time() * 1000) - self.sync_settle_ms)
         low = self.low_mark()
         if low is not None:

@@ -12,6 +12,7 @@ makes that method raise ``core.errors.Unavailable`` (nothing stored) until
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -55,6 +56,7 @@ class Faulty:
 
     def __init__(self) -> None:
         self.down: set[str] = set()
+        self.calls: Counter[str] = Counter()  # calls of each method, failed ones too
 
     def fail(self, *methods: str) -> None:
         self.down.update(methods)
@@ -63,6 +65,7 @@ class Faulty:
         self.down.clear()
 
     def _up(self, method: str) -> None:
+        self.calls[method] += 1
         if method in self.down:
             raise Unavailable(self.dependency, f"{method} (told to fail)")
 

@@ -4,7 +4,7 @@ see ``fakes.py`` for what the fakes promise."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -219,6 +219,12 @@ class FakeGroupStore(Faulty):
         self._up("last")
         return max(self._live(group), key=lambda m: m.mid, default=None)
 
+    async def rd_index(self, group: str, scan: int) -> tuple[list[tuple[int, int]], int]:
+        self._up("rd_index")
+        newest = sorted(self._live(group), key=lambda m: m.mid, reverse=True)[:scan]
+        floor = newest[-1].mid - 1 if len(newest) == scan else 0
+        return [(m.mid, m.seq) for m in newest if not m.wd], floor
+
 
 class FakeGroupCache(Faulty):
     """``GroupCache``: member sets, each user's memberships with read seqs, and
@@ -232,6 +238,9 @@ class FakeGroupCache(Faulty):
         self.by_user: dict[str, dict[str, Membership]] = {}  # user -> group -> it
         self.state: dict[str, GroupState] = {}
         self.records: list[tuple[str, int, int, bytes, int]] = []
+        # group -> ({mid: seq} of read-diffused messages, floor or None: unknown)
+        self.index: dict[str, tuple[dict[int, int], int | None]] = {}
+        self.store: FakeGroupStore | None = None  # what rebuild_rd reads
 
     async def is_member(self, group: str, user: str) -> bool:
         self._up("is_member")
@@ -304,10 +313,33 @@ class FakeGroupCache(Faulty):
     async def created(self, group: str) -> None:
         self._up("created")
         self.state[group] = NO_STATE
+        self.index[group] = ({}, 0)
+
+    async def rd_after(self, groups: Mapping[str, int], since: int, count: int
+                       ) -> dict[str, list[tuple[int, int]] | None]:
+        self._up("rd_after")
+        out: dict[str, list[tuple[int, int]] | None] = {}
+        for g, from_seq in groups.items():
+            entries, floor = self.index.get(g, ({}, None))
+            out[g] = None if floor is None or floor > since else sorted(
+                (mid, seq) for mid, seq in entries.items()
+                if mid > since and seq > from_seq)[:count]
+        return out
+
+    async def rebuild_rd(self, group: str) -> None:
+        self._up("rebuild_rd")
+        assert self.store is not None
+        found, floor = await self.store.rd_index(group, 1000)
+        entries, _ = self.index.get(group, ({}, None))
+        self.index[group] = ({**entries, **dict(found)}, floor)
 
     async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
-                     senders: Sequence[tuple[str, str, int]] = ()) -> None:
+                     senders: Sequence[tuple[str, str, int]] = (),
+                     rd: Sequence[tuple[str, int, int]] = ()) -> None:
         self._up("record")
+        for g, mid, seq in rd:
+            entries, floor = self.index.setdefault(g, ({}, None))
+            entries[mid] = seq
         for g, seq, lastmid, last, rdmid in updates:
             self.records.append((g, seq, lastmid, last, rdmid))
             old = self.state.get(g, NO_STATE)

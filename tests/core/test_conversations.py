@@ -5,6 +5,7 @@ history dispatch on ``g:``. No servers."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,7 @@ from core import dedup
 from core.errors import Unavailable
 from gateway.config import Settings
 from gateway.errors import ProtocolError
+from gateway.groups.service import SYNC_GROUP_READS
 from gateway.inbox.conversations import Conversations
 from store.records import ChatMessage
 from tests.core.world import World, build
@@ -178,3 +180,52 @@ async def test_conversation_pages_cover_the_list_once_in_order(world: World) -> 
             await world.conversations.conversations("bob", 2, bad)
     with pytest.raises(ProtocolError):
         await world.conversations.conversations("carol", 2, first["cursor"])
+
+
+async def _sync_all(world: World, user: str, limit: int) -> tuple[list[int], list[int]]:
+    """Every page of ``user``'s sync from 0: the mids in order, and the group
+    pages each call read from the store."""
+    mids: list[int] = []
+    reads: list[int] = []
+    since = 0
+    store = world.stores.groups
+    for _ in range(200):
+        before = store.calls["page"]
+        page = await world.conversations.sync(user, since, limit)
+        reads.append(store.calls["page"] - before)
+        mids += [plain(m)["mid"] for m in page.msgs]
+        assert page.next >= since
+        since = page.next
+        if not page.more:
+            return mids, reads
+    raise AssertionError("the sync did not end")
+
+
+async def test_a_sync_reads_a_bounded_number_of_groups_per_call(world: World) -> None:
+    groups = [(await world.admin.create(f"owner{i % 4}", f"g{i}", ["bob", "carol"]))[0]
+              for i in range(40)]  # four owners: ten creations a minute each
+    sent = []
+    for k in range(2):
+        for g in groups:
+            sent.append((await world.groups.send("carol", g, f"{g}-{k}", k)).mid)
+    sent += [(await world.chat.send("dave", "bob", f"d{k}", k)).mid for k in range(5)]
+    mids, reads = await _sync_all(world, "bob", 10)
+    assert mids == sorted(sent) and len(set(mids)) == len(mids)
+    assert max(reads) <= SYNC_GROUP_READS < len(groups)
+    # With the indexes gone, every group is read once and its index rebuilt:
+    # the next sync is bounded again.
+    world.stores.group_cache.index.clear()
+    again, reads = await _sync_all(world, "bob", 10)
+    assert again == mids and reads[0] == len(groups)
+    await asyncio.gather(*world.groups._repairs)
+    last, reads = await _sync_all(world, "bob", 10)
+    assert last == mids and max(reads) <= SYNC_GROUP_READS
+
+
+async def test_a_sync_leaves_out_what_came_before_joining(world: World) -> None:
+    g, _ = await world.admin.create("alice", "g", ["carol", "dave"])
+    early = [(await world.groups.send("carol", g, f"e{k}", k)).mid for k in range(3)]
+    await world.admin.add("alice", g, ["bob"])
+    late = [(await world.groups.send("carol", g, f"l{k}", k)).mid for k in range(3)]
+    mids, _ = await _sync_all(world, "bob", 2)
+    assert mids == late and not set(early) & set(mids)

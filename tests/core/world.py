@@ -37,6 +37,7 @@ class FakeStores:
 
     def __post_init__(self) -> None:
         self.offline = FakeOffline(self.dedup, self.routes)
+        self.group_cache.store = self.groups
 
 
 @dataclass

@@ -46,3 +46,38 @@ async def test_the_summary_is_filled_again_and_stays_right(make_node, connect, h
     assert (await co.request("recall", mid=acks[2]["mid"]))["op"] == "ok"
     assert (await _row(hm, g))["unread"] == 3
     assert (await hm.get("/v1/conversations")).json()["total_unread"] == 3
+
+
+async def _sync_all(client, limit: int) -> list[int]:
+    mids, since = [], 0
+    for _ in range(100):
+        page = (await client.get("/v1/sync", params={"since": since, "limit": limit})).json()
+        mids += [m["mid"] for m in page["msgs"]]
+        since = page["next"]
+        if not page["more"]:
+            return mids
+    raise AssertionError("the sync did not end")
+
+
+async def test_a_sync_of_many_groups_follows_their_indexes(make_node, connect, http,
+                                                          redis_client):
+    """Read-diffused groups (more members than IM_GROUP_WRITE_DIFFUSION_MAX): the
+    sync learns from each group's index which groups hold its next messages;
+    with the indexes gone it reads MongoDB and answers the same."""
+    node = await make_node(group_write_diffusion_max=2, sync_settle_ms=0)
+    me, owners = uid("me"), [uid("o") for _ in range(3)]
+    groups = [(await http(owners[i % 3], node).post(
+        "/v1/groups", json={"name": f"g{i}", "members": [me, uid("x")]})).json()["group"]
+        for i in range(24)]
+    senders = [await connect(node, o) for o in owners]
+    sent = []
+    for k in range(2):
+        for i, g in enumerate(groups):
+            r = await senders[i % 3].request("group_send", group=g, cmid=f"{g}{k}", body=k)
+            sent.append(r["mid"])
+    hm = http(me, node)
+    assert await _sync_all(hm, 7) == sorted(sent)
+    keys = Keys(RUN_NS)
+    assert await redis_client.zscore(keys.group_rd(groups[0]), "~") == 0
+    await redis_client.delete(*[keys.group_rd(g) for g in groups])
+    assert await _sync_all(hm, 7) == sorted(sent)
