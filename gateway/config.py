@@ -46,12 +46,12 @@ class Settings:
     dedup_ttl_s: int = 86_400
     dep_timeout_s: float = 2.0  # per Redis / Mongo operation
     sync_settle_ms: int = 1000  # sync cursors do not pass in-flight sends
-    send_rate: float = 200.0  # sends per second per connection (token bucket)
+    send_rate: float = 200.0  # sends per second per user on a node (token bucket)
     send_burst: int = 400
-    max_inflight: int = 64  # concurrent sends per connection
+    max_inflight: int = 64  # concurrent ops per user on a node
     write_buffer_max: int = 1 << 20  # bytes queued on a socket before pushes skip it
     bad_frame_limit: int = 20  # bad frames per connection before close 1008
-    op_rate: float = 300.0  # frames per second per connection, every op (recv_ack costs more)
+    op_rate: float = 300.0  # frames per second per user on a node, every op (recv_ack costs more)
     op_burst: int = 600
     refuse_rate: float = 10.0  # rate_limited refusals per second a connection may earn...
     refuse_burst: int = 100  # ...before it is closed with 1008 (it keeps flooding)

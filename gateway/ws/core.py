@@ -27,6 +27,7 @@ Actions, in the order they are to be carried out:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from core.ratelimit import TokenBucket
 from gateway import frames
@@ -137,15 +138,58 @@ class Close:
 Action = Accepted | Reply | Spawn | Inline | Close
 
 
+class UserBudget:
+    """What every connection of one user on a node spends together: its sends
+    and ops per second, and its ops in flight (``tasks``). More connections
+    never buy a user more."""
+
+    __slots__ = ("sends", "ops", "tasks", "refs")
+
+    def __init__(self, limits: SessionLimits, now: float) -> None:
+        self.sends = TokenBucket(limits.send_rate, limits.send_burst, now)
+        self.ops = TokenBucket(limits.op_rate, limits.op_burst, now)
+        self.tasks: set[Any] = set()  # in flight, over all the user's connections
+        self.refs = 0  # connections holding it
+
+
+class UserBudgets:
+    """One ``UserBudget`` per user with a connection on the node (pure)."""
+
+    def __init__(self, limits: SessionLimits) -> None:
+        self.limits = limits
+        self._budgets: dict[str, UserBudget] = {}
+
+    def __len__(self) -> int:
+        return len(self._budgets)
+
+    def acquire(self, user: str, now: float) -> UserBudget:
+        """The user's budget, for one more connection (``release`` it at its end)."""
+        budget = self._budgets.get(user)
+        if budget is None:
+            budget = self._budgets[user] = UserBudget(self.limits, now)
+        budget.refs += 1
+        return budget
+
+    def release(self, user: str) -> None:
+        budget = self._budgets.get(user)
+        if budget is not None:
+            budget.refs -= 1
+            if budget.refs <= 0:
+                del self._budgets[user]
+
+
 class SessionCore:
-    """One connection's frame handling: bad-frame count and send token bucket."""
+    """One connection's frame handling: bad-frame count and the user's send and
+    op token buckets (shared by its connections on the node, ``UserBudget``)."""
 
     __slots__ = ("limits", "_bucket", "_ops", "_refusals", "_bad_frames", "closed")
 
-    def __init__(self, limits: SessionLimits, now: float) -> None:
+    def __init__(self, limits: SessionLimits, now: float,
+                 budget: UserBudget | None = None) -> None:
         self.limits = limits
-        self._bucket = TokenBucket(limits.send_rate, limits.send_burst, now)
-        self._ops = TokenBucket(limits.op_rate, limits.op_burst, now)
+        budget = budget or UserBudget(limits, now)
+        self._bucket = budget.sends
+        self._ops = budget.ops
         self._refusals = TokenBucket(limits.refuse_rate, limits.refuse_burst, now)
         self._bad_frames = 0
         self.closed = False  # a Close was given: later frames are ignored

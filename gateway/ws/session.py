@@ -81,6 +81,7 @@ class Sessions:
         self._tokens: weakref.WeakKeyDictionary[ServerConnection, tuple[Token, str]] = \
             weakref.WeakKeyDictionary()
         self._proxies = Proxies.parse(conns.trusted_proxies)
+        self._budgets = sc.UserBudgets(limits)  # each user's, over its connections here
         self._ips = IpLimits(conns.ip_handshake_rate, conns.ip_handshake_burst,
                              conns.max_conns_per_ip)
         self._expiries = ExpiryWheel(self._expired)
@@ -130,7 +131,8 @@ class Sessions:
         # The handshake's headers are never read again: ~1.6 KB per idle connection.
         # (``request`` must stay set: websockets takes None for "handshake pending".)
         ws.request, ws.response = _HANDSHAKE_DONE, None
-        core = sc.SessionCore(self.limits, time.monotonic())  # budgets, bad frames
+        budget = self._budgets.acquire(ws.username, time.monotonic())  # the user's, shared
+        core = sc.SessionCore(self.limits, time.monotonic(), budget)  # + bad frames
         client = Client(ws.username, ws)
         token, ip = self._tokens.pop(ws)
         client.iat = token.iat or 0.0
@@ -152,7 +154,7 @@ class Sessions:
                         self.metrics.closed.labels(action.why).inc()
                         closing = asyncio.create_task(ws.close(action.code, action.reason))
                         break
-                    await self._act(client, action)
+                    await self._act(client, budget, action)
                 # Not kept while the socket waits for its next frame: the last
                 # action (its encoded reply) and frame would stay alive that long,
                 # ~4.4 KB per connection that ever sent one (bench.many_conns).
@@ -167,13 +169,14 @@ class Sessions:
         except ConnectionClosed:
             pass
         finally:
+            self._budgets.release(client.user)
             self._ips.closed(ip)
             self._expiries.discard(client)
             if closing is not None:
                 await asyncio.gather(closing, return_exceptions=True)
             await self.registry.disconnected(client)
 
-    async def _act(self, client: Client, action: sc.Action) -> None:
+    async def _act(self, client: Client, budget: sc.UserBudget, action: sc.Action) -> None:
         if isinstance(action, sc.Accepted):
             self.metrics.frames_in.labels(action.op).inc()
         elif isinstance(action, sc.Reply):
@@ -183,19 +186,23 @@ class Sessions:
         elif isinstance(action, sc.Spawn):
             work = self._handlers[action.op](client, action.frame)
             assert work is not None  # a task op's handler is a coroutine function
-            await self._spawn(client, work)
+            await self._spawn(client, budget, work)
         elif isinstance(action, sc.Inline):
             self._handlers[action.op](client, action.frame)
 
-    async def _spawn(self, client: Client, work: Awaitable[None]) -> None:
+    async def _spawn(self, client: Client, budget: sc.UserBudget,
+                     work: Awaitable[None]) -> None:
+        """Run ``work`` once fewer than ``max_inflight`` ops of the user (on all
+        its connections here) are in flight."""
         tasks = client.tasks
         if tasks is None:
             tasks = client.tasks = set()
-        while len(tasks) >= self.conns.max_inflight:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        while len(budget.tasks) >= self.conns.max_inflight:
+            await asyncio.wait(budget.tasks, return_when=asyncio.FIRST_COMPLETED)
         task = asyncio.ensure_future(work)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        for running in (tasks, budget.tasks):
+            running.add(task)
+            task.add_done_callback(running.discard)
 
     # -- ops -----------------------------------------------------------------
     async def op_send(self, client: Client, f: p.Send) -> None:

@@ -16,6 +16,7 @@ from gateway.ws.core import (
     SessionCore,
     SessionLimits,
     Spawn,
+    UserBudgets,
 )
 
 LIMITS = SessionLimits(max_body=64, bad_frame_limit=3, send_rate=2.0, send_burst=2)
@@ -233,3 +234,20 @@ def test_sends_over_their_budget_also_spend_refusals():
     assert c.receive(SEND, 100.0)[1].error == "rate_limited"  # type: ignore[union-attr]
     assert c.receive(SEND, 100.0)[1] == Close(1008, "flooding: too many sends over the budget",
                                               "flood")
+
+
+def test_a_users_connections_share_one_budget_while_any_is_open():
+    budgets = UserBudgets(LIMITS)
+    one, two = budgets.acquire("alice", 0.0), budgets.acquire("alice", 0.0)
+    assert one is two and len(budgets) == 1
+    c1, c2 = SessionCore(LIMITS, 0.0, one), SessionCore(LIMITS, 0.0, two)
+    assert isinstance(c1.receive(SEND, 0.0)[1], Spawn)
+    assert isinstance(c2.receive(SEND, 0.0)[1], Spawn)
+    over = c1.receive(SEND, 0.0)[-1]  # the burst of 2 is the user's, not each connection's
+    assert isinstance(over, Reply) and over.error == "rate_limited"
+    assert budgets.acquire("bob", 0.0) is not one  # another user's is its own
+    budgets.release("alice")
+    assert budgets.acquire("alice", 0.0) is one  # still held by a connection
+    budgets.release("alice")
+    budgets.release("alice")
+    assert budgets.acquire("alice", 0.0) is not one  # all closed: a fresh one
