@@ -26,6 +26,7 @@ __all__ = [
     "MidGenerator",
     "mid_for_time_ms",
     "mid_time_ms",
+    "node_of",
 ]
 
 EPOCH_MS = 1_735_689_600_000  # 2025-01-01T00:00:00Z
@@ -76,3 +77,8 @@ class MidGenerator:
         else:  # sequence exhausted (or clock went back): borrow the next millisecond
             self._last_ms, self._seq = self._last_ms + 1, 0
         return (self._last_ms << _LOW_BITS) | (self.node_id << SEQ_BITS) | self._seq
+
+
+def node_of(mid: int) -> int:
+    """The node id a mid was issued by."""
+    return (mid >> SEQ_BITS) & MAX_NODE_ID

@@ -232,6 +232,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     events = Events(name, router.publish_event,
                     _EventSources(conversations, stores.group_cache, stores.routes, router),
                     s.event_types, pending_max=s.events_pending_max,
+                    pending_per_user=s.events_pending_per_user,
                     count=lambda kind, outcome: metrics.events.labels(kind, outcome).inc())
     router.when_resumed(lambda _lost_at: events.resume())  # the events held meanwhile
     def announce(user: str, online: bool, at_ms: int) -> None:

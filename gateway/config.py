@@ -125,6 +125,7 @@ class Settings:
     api_keys: str = ""  # comma-separated keys of the server API (/v1/server/*); "": off
     events: str = "offline,presence"  # event types (or prefixes) to {ns}.events; none: no events
     events_pending_max: int = 10_000  # events waiting for the broker before new ones drop
+    events_pending_per_user: int = 500  # ... and of those, caused by one user
     recall_window_s: float = 120.0  # a sender may recall a message this long after sending
     presence_subs_max: int = 1000  # users one connection may watch (presence_sub)
     presence_grace_s: float = 5.0  # a user is offline once no device was back for this long
@@ -182,7 +183,8 @@ class Settings:
                      "room_window_ms", "room_buffer_max", "room_pending_max",
                      "room_max_per_conn", "room_report_s", "room_refresh_s", "stuck_close_s",
                      "feed_timeline_max", "feed_text_max", "feed_queue_max",
-                     "events_pending_max", "presence_grace_s", "register_grace_s",
+                     "events_pending_max", "events_pending_per_user", "presence_grace_s",
+                     "register_grace_s",
                      "recall_window_s",
                      "presence_subs_max", "room_history_ttl_s", "room_reorder_ms",
                      "room_write_chunk", "room_write_at_once", "listen_backlog",

@@ -9,8 +9,12 @@ product's own services (its offline-push service binds ``offline.#``).
 - ``presence.online`` / ``presence.offline`` (``gateway.presence.watch``).
 
 A send only queues an entry (never awaits, never fails): a bounded outbox
-(``IM_EVENTS_PENDING_MAX``) that one worker drains in order, a batch of
-entries' events pipelined on the channel at a time. The worker does
+(``IM_EVENTS_PENDING_MAX``) that one worker drains, a batch of entries' events
+pipelined on the channel at a time. The outbox is fair (``core.fairqueue``):
+entries are queued by the user who caused them (the sender; the user whose
+presence changed), each user's in order and at most
+``IM_EVENTS_PENDING_PER_USER`` of them, and users take turns, so one user's
+thousands of offline recipients never hold back or crowd out another's. The worker does
 the look-ups an event needs off the send path (which members of a group are
 offline, each user's unread total just before publishing) and retries with
 backoff while the broker or Redis does not answer. A full outbox drops the
@@ -21,7 +25,6 @@ confirm was lost is sent again).
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -31,6 +34,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from core.fairqueue import FairQueue
 from core.tasks import stop
 
 __all__ = ["EventSources", "Events", "preview"]
@@ -90,7 +94,7 @@ class Events:
 
     def __init__(self, node: str, publish: Callable[[str, bytes, str], Awaitable[None]],
                  sources: EventSources, wanted: tuple[str, ...], *,
-                 pending_max: int = 10_000,
+                 pending_max: int = 10_000, pending_per_user: int = 500,
                  count: Callable[[str, str], None] = lambda _type, _outcome: None) -> None:
         self.node = node
         self.publish = publish  # (routing key, body, event id), confirmed by the broker
@@ -98,7 +102,8 @@ class Events:
         self.wanted = wanted
         self.pending_max = pending_max
         self.count = count
-        self._queue: collections.deque[_Entry] = collections.deque()
+        # by the user who caused them: the sender, or the user whose presence changed
+        self._queue: FairQueue[str, _Entry] = FairQueue(pending_max, pending_per_user)
         self._ready = asyncio.Event()
         self._resumed = asyncio.Event()
         self._made = 0
@@ -136,12 +141,11 @@ class Events:
             self._put(_Entry(kind, {"user": user}, ts=at_ms))
 
     def _put(self, entry: _Entry) -> None:
-        if len(self._queue) >= self.pending_max:
+        if not self._queue.put(str(entry.fields.get("from", entry.fields.get("user"))), entry):
             self.count(entry.kind, "dropped")
             return
         self._made += 1
         entry.id = f"{self.node}.{self._made}"
-        self._queue.append(entry)
         self._ready.set()
 
     # -- the worker ------------------------------------------------------------------
@@ -163,11 +167,10 @@ class Events:
             if not self._queue:
                 self._ready.clear()
                 continue
-            batch = [self._queue[i] for i in range(min(BATCH, len(self._queue)))]
+            batch = self._queue.batch(BATCH)
             try:
                 await self._send(batch)
             except Exception as exc:  # noqa: BLE001 - retried: the broker, or Redis, is down
-                self.count(self._queue[0].kind, "retried")  # the head is the one that failed
                 log.warning("events not published yet (%d pending): %s", len(self._queue),
                             type(exc).__name__)
                 self._resumed.clear()
@@ -180,17 +183,21 @@ class Events:
 
     async def _send(self, batch: list[_Entry]) -> None:
         """Publish the batch's events at once (pipelined on the channel: the broker
-        keeps their order) and let entries leave the outbox, in order, once all
-        their events are confirmed; at the first unconfirmed event the rest is
-        retried from there (an event confirmed after it is sent again: at least
-        once)."""
-        for e in batch:
-            if e.users is None and e.group is not None:
-                members = await self.sources.members(e.group)
-                e.users = await self.sources.offline(
-                    [u for u in members if u != e.fields["from"]])
-        totals = await self._unread({u for e in batch if e.kind == "offline.msg"
-                                     for u in e.users or ()})
+        keeps their order) and let entries leave the outbox, each user's in order,
+        once all their events are confirmed; at the first unconfirmed event the
+        rest is retried from there (an event confirmed after it is sent again: at
+        least once)."""
+        try:
+            for e in batch:
+                if e.users is None and e.group is not None:
+                    members = await self.sources.members(e.group)
+                    e.users = await self.sources.offline(
+                        [u for u in members if u != e.fields["from"]])
+            totals = await self._unread({u for e in batch if e.kind == "offline.msg"
+                                         for u in e.users or ()})
+        except Exception:
+            self.count(batch[0].kind, "retried")  # its look-ups could not be done
+            raise
         events: list[tuple[_Entry, dict[str, Any], str]] = []
         for e in batch:
             if e.kind != "offline.msg":
@@ -207,10 +214,10 @@ class Events:
         for (e, _, _), result in zip(events, results, strict=True):
             if isinstance(result, BaseException):
                 failed = result
+                self.count(e.kind, "retried")  # the first that failed: its type
                 break
             e.sent += 1
-        while self._queue and self._queue[0].done:  # in order, up to the first not confirmed
-            self._queue.popleft()
+        self._queue.remove_done(_done)  # each user's in order, up to its first not confirmed
         if failed is not None:
             raise failed
 
@@ -228,3 +235,7 @@ class Events:
         body = orjson.dumps({"type": e.kind, "id": event_id, "ts": e.ts, **fields})
         await self.publish(e.kind, body, event_id)
         self.count(e.kind, "published")
+
+
+def _done(e: _Entry) -> bool:
+    return e.done

@@ -24,6 +24,7 @@ from websockets.asyncio.server import Server, serve
 from core.errors import Unavailable
 from gateway import frames
 from gateway.app import App, Step, compose
+from gateway.chat.dead_sends import DeadSends
 from gateway.config import Settings
 from gateway.frames import encode_group
 from gateway.http.api import build_metrics_http
@@ -79,6 +80,7 @@ class Node:
         self._routes_lost_after: float | None = None  # set while routes are to be rewritten
         self._beat_failed = False  # a beat failed since the last one Redis answered
         self._dead_marks: list[str] = []  # dead nodes' in-flight entries, dropped next time
+        self._dead_sends = DeadSends(lambda *span: self.app.chat.redeliver(*span))
         self._app: App | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._ws_server: Server | None = None
@@ -307,9 +309,12 @@ class Node:
         # every cursor back.
         seen = app.router.live
         live = {n for n in others if seen.get(n, 0.0) > now}
-        self._dead_marks = [n for n in others if n in seen and n not in live]
+        # A dead node's mark holds cursors back until what it stored is redelivered.
+        held, self._dead_marks = self._dead_sends.observe(
+            {n: m for n, m in others.items() if n in seen and n not in live})
         app.marks.clear()
         app.marks.update({n: m for n, m in others.items() if n in live})
+        app.marks.update(held)
 
     async def healthy(self) -> bool:
         """Serving: not draining, the broker link up (its state, no I/O), Redis
@@ -366,6 +371,7 @@ class Node:
         steps: list[Step] = [
             ("websocket listener", self._close_ws),
             ("background tasks", lambda: asyncio.gather(*self._tasks, return_exceptions=True)),
+            ("dead nodes' sends", self._dead_sends.close),
             ("http listener", self._close_http),
             *(self._app.closers() if self._app is not None else []),
             # Its sends are over: its mark must not hold the others' sync

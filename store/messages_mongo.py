@@ -179,6 +179,11 @@ class MessagesMongo:
             d = await self.messages.find_one({"_id": mid})
         return None if d is None else chat_message(d)
 
+    async def between(self, low: int, high: int, limit: int) -> list[ChatMessage]:
+        async with mongo_guard():
+            return [chat_message(d) async for d in self.messages.find(
+                {"_id": {"$gte": low, "$lte": high}}).sort("_id", ASCENDING).limit(limit)]
+
     async def forget(self, owner: str, mid: int) -> str | None:
         """Remove ``mid`` from ``owner``'s box only; its conversation, or None if
         it was not there."""

@@ -19,7 +19,7 @@ import orjson
 from core import dedup
 from core.batcher import Batcher
 from core.errors import Unavailable
-from core.ids import mid_time_ms
+from core.ids import mid_time_ms, node_of
 from core.inbox import Position
 from core.inflight import InFlight
 from core.paging import seek_page
@@ -39,6 +39,7 @@ log = logging.getLogger("gateway.chat.service")
 # the first ack may have been lost with the node that sent it, and the push
 # with it (devices drop repeats by mid). Older resends are answered only.
 REPUSH_WINDOW_S = 60.0
+REDELIVER_PAGE = 500  # messages read at once when a dead node's sends are put right
 
 
 class IdSource(Protocol):
@@ -122,15 +123,19 @@ class ChatService:
             # out meanwhile; MongoDB's unique (from, cmid) gives back the old one if
             # that attempt stored the message.
         inflight = [mid]
-        self.inflight.add(mid)  # sync cursors stay below it until it is acked
+        if prior is not None:  # the first attempt's mid may already be stored, not delivered
+            inflight.append(prior.mid)
+        for m in inflight:
+            self.inflight.add(m)  # sync cursors stay below it until it is acked
         try:
             msg = ChatMessage(mid, sender, to, cmid, body)
             stored = await self._writes.submit(msg)
             if stored != mid:  # MongoDB already had this cmid under its original mid
                 msg = replace(msg, mid=stored)
                 mid = stored
-                inflight.append(mid)
-                self.inflight.add(mid)
+                if mid not in inflight:
+                    inflight.append(mid)
+                    self.inflight.add(mid)
             frame = encode(msg_frame(msg))
             routes = await self._deliveries.submit(_Outgoing(msg, frame))
         except BaseException:
@@ -141,6 +146,23 @@ class ChatService:
             self.inflight.done(m)
         self.metrics.sends.labels("stored").inc()
         return SendResult(mid, mid_time_ms(mid), frame, *routes)
+
+    async def redeliver(self, node_id: int, low: int, high: int) -> int:
+        """Put the 1:1 messages node ``node_id`` stored with ``low <= mid <=
+        high`` in both users' offline stores and mark their sends acked (a node
+        that died may have stored them without either: sync would pass them by).
+        Idempotent (``deliver.lua`` counts nothing twice); returns how many."""
+        done = 0
+        while low <= high:
+            msgs = await self.messages.between(low, high, REDELIVER_PAGE)
+            ours = [m for m in msgs if node_of(m.mid) == node_id and not m.recalled]
+            if ours:
+                await self._flush_deliveries([_Outgoing(m, encode(msg_frame(m))) for m in ours])
+                done += len(ours)
+            if len(msgs) < REDELIVER_PAGE:
+                break
+            low = msgs[-1].mid + 1
+        return done
 
     async def _repeat(self, mid: int) -> SendResult:
         """The answer to a resend of an acked ``mid``, with its push again while it

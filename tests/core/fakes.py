@@ -312,6 +312,11 @@ class FakeMessages(Faulty):
         m = self.bodies.get(mid)
         return m if isinstance(m, ChatMessage) else None
 
+    async def between(self, low: int, high: int, limit: int) -> list[ChatMessage]:
+        self._up("between")
+        return [m for mid, m in sorted(self.bodies.items())
+                if low <= mid <= high and isinstance(m, ChatMessage)][:limit]
+
     async def forget(self, owner: str, mid: int) -> str | None:
         """Out of ``owner``'s box only (the body stays for the other side)."""
         self._up("forget")

@@ -232,3 +232,25 @@ async def test_read_marks_and_history_pages(world: World) -> None:
     assert [f["mid"] for f in page] == [mids[2], mids[1]] and cursor == mids[1]
     page, cursor = await world.chat.history("bob", "alice", cursor, 2)
     assert [f["mid"] for f in page] == [mids[0]] and cursor is None
+
+
+async def test_a_dead_nodes_stored_sends_are_redelivered_once(world: World) -> None:
+    """A node stored two messages in MongoDB and died before its deliveries:
+    another node puts them in both users' offline stores and marks the sends
+    acked; doing it twice counts nothing twice; other nodes' mids are left."""
+    dead = MidGenerator(7)
+    mine = [ChatMessage(dead.next(), "alice", "bob", f"lost{i}", f'"m{i}"'.encode())
+            for i in range(2)]
+    other = ChatMessage(MidGenerator(8).next(), "carol", "bob", "c0", b'"x"')
+    await world.stores.messages.store_batch([*mine, other])
+    low, high = mine[0].mid, max(m.mid for m in [*mine, other])
+    for _ in range(2):
+        assert await world.chat.redeliver(7, low, high) == 2
+    offline = world.stores.offline
+    assert sorted(offline.inboxes["bob"].entries) == [m.mid for m in mine]
+    assert sorted(offline.inboxes["alice"].entries) == [m.mid for m in mine]
+    total, _ = await world.chat.conversation_rows("bob", 10)
+    assert total == 2
+    # The sender's resend is answered with the stored mid, nothing stored again.
+    again = await world.chat.send("alice", "bob", "lost0", "m0")
+    assert again.mid == mine[0].mid

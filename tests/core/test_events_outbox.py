@@ -49,9 +49,10 @@ class Broker:
         self.got.append((key, orjson.loads(body), event_id))
 
 
-def make(wanted=("offline", "presence"), pending_max=100):
+def make(wanted=("offline", "presence"), pending_max=100, pending_per_user=500):
     broker, sources, counts = Broker(), Sources(), Counter[tuple[str, str]]()
     ev = Events("n1-abc", broker.publish, sources, wanted, pending_max=pending_max,
+                pending_per_user=pending_per_user,
                 count=lambda kind, outcome: counts.update([(kind, outcome)]))
     return ev, broker, sources, counts
 
@@ -139,3 +140,16 @@ async def test_resume_cuts_the_backoff_short():
         await ev.close()
     # Six waits cut short by resume(): well below the 11 s of backoff.
     assert ev.pending == 0 and loop.time() - started < 8.0
+
+
+async def test_one_users_backlog_neither_delays_nor_crowds_out_anothers():
+    ev, broker, _, counts = make(pending_max=1000, pending_per_user=300)
+    for i in range(400):  # one user writes to 400 ids nobody ever used
+        ev.offline_msg(f"never{i}", 1000 + i, "mallory", "mallory", b'"spam"')
+    ev.offline_msg("bob", 5000, "alice", "alice", b'"hi bob"')
+    assert ev.pending == 301 and counts[("offline.msg", "dropped")] == 100
+    await run_until_empty(ev)
+    order = [e["from"] for _, e, _ in broker.got]
+    assert order.index("alice") == 1  # served in its turn, not after mallory's 300
+    assert [e["mid"] for _, e, _ in broker.got if e["from"] == "mallory"] == list(
+        range(1000, 1300))  # mallory's own stay in order
