@@ -78,8 +78,8 @@ class MessageOps:
         state = await self.presence.state([u for u in users if u in shown])
         return {u: state[u] if u in shown else {"hidden": True} for u in users}
 
-    def presence_unsub(self, client: Client, users: list[str]) -> None:
-        self.watchers.unwatch(client, users)
+    async def presence_unsub(self, client: Client, users: list[str]) -> None:
+        await self.watchers.unwatch(client, users)
 
     async def typing(self, user: str, conn: int, conv: str) -> None:
         """Ephemeral: at most one per conversation per 2 s per user on this node
