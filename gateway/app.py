@@ -214,7 +214,6 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     relations = Relations(stores.relations, stores.quotas, RelationLimits(
         Privacy(s.privacy_dm, s.privacy_presence, s.privacy_group_add),
         s.max_new_convs_per_day), refused, tell_all=relations_changed)
-    controls.handle(RelationChange, relations.apply_control)
     group_admin = GroupAdmin(stores.groups, stores.group_cache, router,
                              AdminLimits.from_settings(s), stores.quotas, refused=refused,
                              may_not_add=relations.refused_adds)
@@ -259,6 +258,12 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     ops = MessageOps(conversations, chat, groups, router, s.recall_window_s,
                      lambda g, conn: conn in (group_hub.members.get(g) or {}), watchers, query,
                      relations)
+
+    def relations_applied(users: list[str], ctl: RelationChange) -> Awaitable[None] | None:
+        relations.apply_control(users, ctl)  # forgotten first: the checks read afresh
+        return ops.recheck_watches(users) if watchers.watching(users) else None
+
+    controls.handle(RelationChange, relations_applied)
     sessions = Sessions(SessionLimits.from_settings(s), ConnectionLimits.from_settings(s),
                         registry, chat, groups, conversations, live, router, metrics,
                         draining, verifier, moderation, ops, events, relations)

@@ -81,6 +81,19 @@ class MessageOps:
     async def presence_unsub(self, client: Client, users: list[str]) -> None:
         await self.watchers.unwatch(client, users)
 
+    async def recheck_watches(self, users: list[str]) -> None:
+        """``users``' relations changed (settings, blocks, contacts): the watches
+        of them here whose watcher may no longer see them end, so no change of
+        them is pushed to it from now on (a ``presence_sub`` again answers
+        ``hidden``). Who sees U depends on U's side only, so the watches of
+        ``users`` are the ones to check."""
+        if self.relations is None:
+            return
+        for watcher, watched in self.watchers.watching(users).items():
+            shown = await self.visible(watcher, sorted(watched))
+            if hidden := sorted(watched - shown):
+                await self.watchers.drop(watcher, hidden)
+
     async def typing(self, user: str, conn: int, conv: str) -> None:
         """Ephemeral: at most one per conversation per 2 s per user on this node
         (extras dropped), never stored; a group's goes through its broker

@@ -120,6 +120,20 @@ class PresenceSubs:
         if left:
             self._release(client.user, self.held.release(client.user, left))
 
+    def watching(self, users: Sequence[str]) -> dict[str, set[str]]:
+        """watcher -> those of ``users`` it watches from a connection here."""
+        out: dict[str, set[str]] = {}
+        for user in users:
+            for c in (self.watchers.get(user) or {}).values():
+                out.setdefault(c.user, set()).add(user)
+        return out
+
+    async def drop(self, watcher: str, users: Sequence[str]) -> None:
+        """No connection of ``watcher`` here watches ``users`` any more."""
+        for c in list(self.hub.users.get(watcher, {}).values()):
+            if c.watching and (mine := [u for u in users if u in c.watching]):
+                await self.unwatch(c, mine)
+
     def deliver_presence(self, user: str, frame: bytes) -> int:
         devices = self.watchers.get(user)
         return self.hub.write_each(devices.values(), frame, None) if devices else 0
