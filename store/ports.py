@@ -172,13 +172,17 @@ class WatchStore(Protocol):
         (added, users watched now)."""
         ...
 
+    async def count(self, watcher: str, dead_nodes: Sequence[str]) -> int:
+        """The users ``watcher`` watches now (the dead nodes' entries forgotten)."""
+        ...
+
     async def restore(self, watcher: str, node: str, users: Sequence[str]) -> None:
         """``node``'s entries for ``watcher`` again, uncapped (they lapsed, or Redis
         lost them, while its connections still watch them)."""
         ...
 
-    async def remove(self, watcher: str, node: str, users: Sequence[str]) -> None:
-        """``node`` holds ``users`` for ``watcher`` no more."""
+    async def remove(self, watcher: str, node: str, users: Sequence[str]) -> int:
+        """``node`` holds ``users`` for ``watcher`` no more: the users it watches now."""
         ...
 
     async def renew(self, node: str, watchers: Sequence[str]) -> list[str]:

@@ -46,15 +46,22 @@ class WatchesRedis:
             ok, count = await self._lua(self.redis, keys, args)
         return bool(ok), int(count)
 
+    async def count(self, watcher: str, dead_nodes: Sequence[str]) -> int:
+        keys, args = self._call("count", watcher, "", (), 0, dead_nodes)
+        async with redis_guard():
+            _, n = await self._lua(self.redis, keys, args)
+        return int(n)
+
     async def restore(self, watcher: str, node: str, users: Sequence[str]) -> None:
         keys, args = self._call("restore", watcher, node, users)
         async with redis_guard():
             await self._lua(self.redis, keys, args)
 
-    async def remove(self, watcher: str, node: str, users: Sequence[str]) -> None:
+    async def remove(self, watcher: str, node: str, users: Sequence[str]) -> int:
         keys, args = self._call("del", watcher, node, users)
         async with redis_guard():
-            await self._lua(self.redis, keys, args)
+            _, n = await self._lua(self.redis, keys, args)
+        return int(n)
 
     async def renew(self, node: str, watchers: Sequence[str]) -> list[str]:
         if not watchers:

@@ -61,6 +61,7 @@ class MessageOps:
         """Watch ``users`` (changes come as ``presence`` frames); their state now.
         A user whose presence the caller may not see is ``{"hidden": true}`` and
         not watched: no change of it is ever pushed to the caller."""
+        await self.watchers.precheck(client, users, rid)  # at the cap: refused before any read
         shown = await self.visible(client.user, users)
         await self.watchers.watch(client, [u for u in users if u in shown], rid)
         return await self.presence_state(client.user, users, shown)

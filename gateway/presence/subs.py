@@ -60,10 +60,31 @@ class PresenceSubs:
         self.held = HeldWatches()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # watcher -> (lock, users)
         self._released: dict[str, set[str]] = {}  # watcher -> pairs to take out of the count
+        self._counts: dict[str, int] = {}  # watcher -> its count as last read here
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     # -- subscriptions --------------------------------------------------------------
+    async def precheck(self, client: Client, users: Sequence[str], rid: object = None) -> None:
+        """``forbidden`` at once, before any other work, when ``client``'s user
+        already watches as many users as the cap and asks for one more. Only an
+        answer of the store refuses; the count last read here only tells when
+        to ask (one cheap read per call while at the cap)."""
+        if self._counts.get(client.user, 0) < self.max_per_user:
+            return
+        have = client.watching or set()
+        if not self.held.missing(client.user, [u for u in users if u not in have]):
+            return
+        count = self._counts[client.user] = await self.store.count(client.user,
+                                                                   self.dead_nodes())
+        if count >= self.max_per_user:
+            self._refuse(rid)
+
+    def _refuse(self, rid: object) -> None:
+        self.refused("presence_subs")
+        raise ProtocolError("forbidden", f"a user watches at most {self.max_per_user} users "
+                            "(IM_PRESENCE_SUBS_MAX), across all its connections", rid)
+
     async def watch(self, client: Client, users: Sequence[str], rid: object = None) -> None:
         """``client`` watches ``users`` from now on (bound before this returns);
         ``forbidden`` if its user would watch more than the cap."""
@@ -75,13 +96,11 @@ class PresenceSubs:
             await self._uncount(client.user)  # an unsubscribe just before frees its slots
             count = self.held.missing(client.user, new)
             if count:
-                ok, _ = await self.store.add(client.user, self.node, count,
+                ok, n = await self.store.add(client.user, self.node, count,
                                              self.max_per_user, self.dead_nodes())
+                self._counts[client.user] = n
                 if not ok:
-                    self.refused("presence_subs")
-                    raise ProtocolError(
-                        "forbidden", f"a user watches at most {self.max_per_user} users "
-                        "(IM_PRESENCE_SUBS_MAX), across all its connections", rid)
+                    self._refuse(rid)
             if not self._open(client):  # closed meanwhile: nothing of it stays
                 self._release(client.user, count)
                 return
@@ -218,7 +237,11 @@ class PresenceSubs:
         if not gone:
             return
         try:
-            await self.store.remove(watcher, self.node, gone)
+            n = await self.store.remove(watcher, self.node, gone)
+            if self.held.held(watcher):
+                self._counts[watcher] = n
+            else:
+                self._counts.pop(watcher, None)
         except Unavailable:
             self._released.setdefault(watcher, set()).update(gone)
             self._wake.set()

@@ -2,11 +2,11 @@
 -- once across its connections and nodes (IM_PRESENCE_SUBS_MAX).
 -- KEYS[1] ns:pw:{watcher}   hash: watched user -> nodes holding it (space-separated)
 -- KEYS[2] ns:pwn:{watcher}  hash: node -> unix s its entries lapse unless renewed
--- ARGV: op (add | restore | del | renew), node, now, lease_s, cap, n dead,
+-- ARGV: op (add | restore | count | del | renew), node, now, lease_s, cap, n dead,
 --       the n dead nodes, then the watched users.
 -- add: forgets the entries of dead or lapsed nodes, then adds the users, or
 -- none of them when the watcher would watch more than cap: {1|0, count}.
--- restore: add without the cap. del: {1, count}. renew: {0, 0} when the
+-- restore: add without the cap. count: forgets as add does, {1, count}. del: {1, count}. renew: {0, 0} when the
 -- node's lease is gone (the caller restores its entries), else {1, count}.
 local op, me = ARGV[1], ARGV[2]
 local now, lease, cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -70,6 +70,7 @@ if any then
   for i = 1, #all, 2 do set_without(all[i], all[i + 1], gone) end
 end
 
+if op == 'count' then return {1, redis.call('HLEN', KEYS[1])} end
 if op == 'add' then
   local new, seen = 0, {}
   for i = first, #ARGV do

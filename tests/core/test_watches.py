@@ -58,7 +58,7 @@ class MemoryWatches:
         self.pairs: dict[str, dict[str, set[str]]] = {}  # watcher -> user -> nodes
         self.calls = 0
 
-    def count(self, watcher: str) -> int:
+    def count_now(self, watcher: str) -> int:
         return len(self.pairs.get(watcher, {}))
 
     async def add(self, watcher: str, node: str, users: Sequence[str], cap: int,
@@ -76,17 +76,21 @@ class MemoryWatches:
             mine.setdefault(u, set()).add(node)
         return True, len(mine)
 
+    async def count(self, watcher: str, dead_nodes: Sequence[str]) -> int:
+        return self.count_now(watcher)
+
     async def restore(self, watcher: str, node: str, users: Sequence[str]) -> None:
         for u in users:
             self.pairs.setdefault(watcher, {}).setdefault(u, set()).add(node)
 
-    async def remove(self, watcher: str, node: str, users: Sequence[str]) -> None:
+    async def remove(self, watcher: str, node: str, users: Sequence[str]) -> int:
         self.calls += 1
         mine = self.pairs.get(watcher, {})
         for u in users:
             mine.get(u, set()).discard(node)
             if u in mine and not mine[u]:
                 del mine[u]
+        return len(mine)
 
     async def renew(self, node: str, watchers: Sequence[str]) -> list[str]:
         return [w for w in watchers if not any(node in n for n in self.pairs.get(w, {}).values())]
@@ -127,7 +131,7 @@ async def test_the_cap_is_per_user_across_connections_and_nodes() -> None:
     a, b = n1.client("w"), n2.client("w")
     await n1.subs.watch(a, ["u1", "u2", "u3"])
     await n2.subs.watch(b, ["u1", "u4", "u5"])  # u1 counts once
-    assert store.count("w") == 5
+    assert store.count_now("w") == 5
     for node, c in ((n2, b), (n1, a)):
         with pytest.raises(ProtocolError) as err:
             await node.subs.watch(c, ["u6"])
@@ -139,11 +143,16 @@ async def test_the_cap_is_per_user_across_connections_and_nodes() -> None:
     await n1.subs.unwatch(a, ["u1"])  # still watched from n2: still counts
     with pytest.raises(ProtocolError):
         await n1.subs.watch(a, ["u7"])
+    calls = store.calls
+    with pytest.raises(ProtocolError):  # at the cap: refused before any other work
+        await n2.subs.precheck(b, ["u7"])
+    await n2.subs.precheck(b, ["u4"])  # watched already: no new slot asked
+    assert store.calls == calls and len(n2.refusals) == 2
     n2.close(b)  # its pairs go with the next call of the user here (or the loop)
     await n2.subs.flush()
-    assert store.count("w") == 1  # u3, from n1
+    assert store.count_now("w") == 1  # u3, from n1
     await n1.subs.watch(a, ["u7", "u8", "u9", "u10"])
-    assert store.count("w") == 5
+    assert store.count_now("w") == 5
 
 
 async def test_two_connections_of_one_user_on_a_node_count_a_user_once() -> None:
@@ -152,12 +161,12 @@ async def test_two_connections_of_one_user_on_a_node_count_a_user_once() -> None
     await n1.subs.watch(c1, ["a", "b"])
     calls = store.calls
     await n1.subs.watch(c2, ["b", "a"])  # held here already: no count written
-    assert store.calls == calls and store.count("w") == 2
+    assert store.calls == calls and store.count_now("w") == 2
     await n1.subs.unwatch(c1, ["a", "b"])
-    assert store.count("w") == 2  # c2 still watches both
+    assert store.count_now("w") == 2  # c2 still watches both
     n1.close(c2)
     await n1.subs.flush()
-    assert store.count("w") == 0
+    assert store.count_now("w") == 0
 
 
 async def test_presence_bindings_stay_within_the_shard_count() -> None:

@@ -38,6 +38,7 @@ async def test_a_dead_or_lapsed_node_stops_counting(redis_client):
     await s.add("w", "n1", ["a"], 3, [])
     await s.add("w", "n2", ["a", "b", "c"], 3, [])
     assert await s.add("w", "n1", ["d"], 3, []) == (False, 3)
+    assert await s.count("w", []) == 3
     # n2 named dead by the caller (its heartbeat lapsed): its entries go first.
     assert await s.add("w", "n1", ["d"], 3, ["n2", "n7"]) == (True, 2)  # a (n1), d
     assert await redis_client.hget(keys.watched("w"), "a") == b"n1"
@@ -45,6 +46,8 @@ async def test_a_dead_or_lapsed_node_stops_counting(redis_client):
     await s.add("w", "n3", ["e"], 3, [])
     await redis_client.hset(keys.watch_leases("w"), "n3", int(time.time()) - 1)
     assert await s.add("w", "n1", ["f"], 3, []) == (True, 3)  # a, d, f
+    await s.add("w", "n4", ["g"], 9, [])
+    assert await s.count("w", ["n4"]) == 3  # count forgets the dead as add does
     assert not await redis_client.hexists(keys.watch_leases("w"), "n3")
 
 
