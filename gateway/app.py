@@ -67,7 +67,7 @@ from router.controls import (
     Unban,
 )
 from router.positions import RoomPositions
-from router.routing import group_key, parse_key, presence_key, room_key
+from router.routing import group_key, parse_key, room_key
 from store import Stores
 from store.ports import GroupCache, RouteStore
 
@@ -110,6 +110,7 @@ class App:
         self.feed.start()
         self.events.start()
         self.presence.start()
+        self.watchers.start()
 
     def beat(self, live: dict[str, float], read_at: float) -> None:
         """The live nodes' heartbeats, after each of this node's beats (read at
@@ -120,13 +121,13 @@ class App:
     def keys_in_use(self) -> list[str]:
         """Every broker routing key a local connection needs now."""
         return [*map(room_key, self.room_hub.members), *map(group_key, self.group_hub.members),
-                *map(presence_key, self.watchers.watchers)]
+                *self.watchers.shard_keys()]
 
     def key_in_use(self, key: str) -> bool:
         """Whether a broker routing key still has a local member."""
         kind, name = parse_key(key)
         if kind == "presence":
-            return name in self.watchers.watchers
+            return name.isdigit() and int(name) in self.watchers.shards
         return name in (self.group_hub.members if kind == "group" else self.room_hub.members)
 
     async def tick(self) -> None:
@@ -146,7 +147,8 @@ class App:
                 ("rooms", self.live.close), ("room positions", self.router.close_positions),
                 ("groups", self.groups.close),
                 ("group loads", self.group_presence.close), ("feed", self.feed.close),
-                ("replay", self.replay.close), ("presence", self.presence.close),
+                ("replay", self.replay.close), ("presence watches", self.watchers.close),
+                ("presence", self.presence.close),
                 ("events", self.events.close),
                 ("broker", self.router.close)]
 
@@ -171,7 +173,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     replay = Replay(hub, stores.offline, metrics)
     # handlers registered below, once their targets exist
     controls = Controls(lambda kind: metrics.controls.labels(kind).inc())
-    watchers = PresenceSubs(hub, bindings, s.presence_subs_max)
+    watchers = PresenceSubs(hub, bindings, stores.watches, name, s.presence_subs_max,
+                            refused=lambda cap: metrics.limit_refusals.labels(cap).inc())
     positions = functools.partial(
         RoomPositions, store=stores.room_history, window_s=s.room_window_ms / 1000,
         pending_max=s.room_pending_max, observe=metrics.room_stage.labels("position").observe,
@@ -180,6 +183,12 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                     presence=watchers, controls=controls,
                     positions=positions if s.room_history > 0 else None)
     router.when_resumed(replay.resumed)  # pushes lost meanwhile, again
+
+    def dead_nodes() -> list[str]:  # their presence watches stop counting
+        now = time.time()
+        return [n for n in router.live if not router.is_alive(n, now)]
+
+    watchers.dead_nodes = dead_nodes
     moderation = Moderation(stores.sanctions, router, hub, s.auth_max_ttl_s,
                             metrics.sanctions_unchecked.inc)
     controls.handle(Close, moderation.apply_control)
@@ -205,7 +214,6 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     relations = Relations(stores.relations, stores.quotas, RelationLimits(
         Privacy(s.privacy_dm, s.privacy_presence, s.privacy_group_add),
         s.max_new_convs_per_day), refused, tell_all=relations_changed)
-    controls.handle(RelationChange, relations.apply_control)
     group_admin = GroupAdmin(stores.groups, stores.group_cache, router,
                              AdminLimits.from_settings(s), stores.quotas, refused=refused,
                              may_not_add=relations.refused_adds)
@@ -251,6 +259,12 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     ops = MessageOps(conversations, chat, groups, router, s.recall_window_s,
                      lambda g, conn: conn in (group_hub.members.get(g) or {}), watchers, query,
                      relations)
+
+    def relations_applied(users: list[str], ctl: RelationChange) -> Awaitable[None] | None:
+        relations.apply_control(users, ctl)  # forgotten first: the checks read afresh
+        return ops.recheck_watches(users) if watchers.watching(users) else None
+
+    controls.handle(RelationChange, relations_applied)
     sessions = Sessions(SessionLimits.from_settings(s), ConnectionLimits.from_settings(s),
                         registry, chat, groups, conversations, live, router, metrics,
                         draining, verifier, moderation, ops, events, relations)

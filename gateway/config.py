@@ -127,7 +127,7 @@ class Settings:
     events_pending_max: int = 10_000  # events waiting for the broker before new ones drop
     events_pending_per_user: int = 500  # ... and of those, caused by one user
     recall_window_s: float = 120.0  # a sender may recall a message this long after sending
-    presence_subs_max: int = 1000  # users one connection may watch (presence_sub)
+    presence_subs_max: int = 1000  # users one user may watch (presence_sub), all its connections
     presence_grace_s: float = 5.0  # a user is offline once no device was back for this long
     register_grace_s: float = 30.0  # a device not fully registered (Redis down) this long: 1012
 

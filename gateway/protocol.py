@@ -332,6 +332,15 @@ def _parse_refresh(obj: dict[str, Any], rid: object, max_body: int) -> Refresh:
     return Refresh(rid, token)
 
 
+PRESENCE_USERS_PER_TOKEN = 10  # one presence_sub of 500 users costs 51 op tokens
+
+
+def _presence_cost(frame: Frame) -> float:
+    """One op token, and one more per ``PRESENCE_USERS_PER_TOKEN`` users."""
+    assert isinstance(frame, PresenceSub)
+    return 1 + len(frame.users) // PRESENCE_USERS_PER_TOKEN
+
+
 def _recv_ack_cost(frame: Frame) -> float:
     """One op token, and one more per ``RECV_ACK_MIDS_PER_TOKEN`` mids."""
     assert isinstance(frame, RecvAck)
@@ -380,8 +389,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("room_send", _parse_room_send, run="now"),
     Op("recall", _parse_recall),
     Op("typing", _parse_typing),
-    Op("presence_sub", _parse_presence(True)),
-    Op("presence_unsub", _parse_presence(False)),
+    Op("presence_sub", _parse_presence(True), cost=_presence_cost),
+    Op("presence_unsub", _parse_presence(False), cost=_presence_cost),
     Op("refresh", _parse_refresh),
 )}
 

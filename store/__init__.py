@@ -39,6 +39,7 @@ from store.rooms_redis import RoomCountsRedis
 from store.routes_redis import RoutesRedis
 from store.sanctions_redis import SanctionsRedis
 from store.timeline_mongo import TimelineMongo
+from store.watches_redis import WatchesRedis
 
 __all__ = ["Stores", "Unavailable", "open_stores"]
 
@@ -64,6 +65,7 @@ class Stores:
     counters: ports.CounterStore
     sanctions: ports.SanctionStore
     presence: ports.PresenceStore
+    watches: ports.WatchStore
     quotas: ports.QuotaStore
     relations: ports.RelationStore
     keeper: Callable[[str, int, float], ports.LeaseKeeper]  # (node name, number, period)
@@ -123,6 +125,7 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
         follows=follows, posts=posts, timelines=TimelineMongo(db),
         feed_cache=FeedCacheRedis(redis, keys, follows, posts),
         counters=CountersRedis(redis, keys), sanctions=SanctionsRedis(redis, keys),
-        presence=PresenceRedis(redis, keys), quotas=QuotasRedis(redis, keys),
+        presence=PresenceRedis(redis, keys), watches=WatchesRedis(redis, keys),
+        quotas=QuotasRedis(redis, keys),
         relations=RelationsMongo(db, follows),
         check_redis=offline.ping, check_mongo=check_mongo, prepare=prepare, close=close)

@@ -73,6 +73,17 @@ class Keys:
         ``presence.offline``; same slot as the routes it is checked against)."""
         return f"{self.ns}:pr:{{{user}}}"
 
+    def watched(self, user: str) -> str:
+        """Hash: each user ``user`` watches the presence of -> the nodes whose
+        connections of ``user`` watch it (space-separated); its length is what
+        ``IM_PRESENCE_SUBS_MAX`` caps."""
+        return f"{self.ns}:pw:{{{user}}}"
+
+    def watch_leases(self, user: str) -> str:
+        """Hash: node -> unix time its entries in ``watched(user)`` lapse unless
+        the node renews them (a node that died stops counting)."""
+        return f"{self.ns}:pwn:{{{user}}}"
+
     # -- groups (hash tag = "g:" + group id; per user: the user id) ------------
     def group_state(self, group: str) -> str:
         """Hash: seq, lastmid, last (encoded newest message), rdmid, ok."""

@@ -45,6 +45,7 @@ __all__ = [
     "RouteStore",
     "SanctionStore",
     "TimelineStore",
+    "WatchStore",
 ]
 
 Doc = dict[str, Any]  # a post or user-profile document of the feed, as stored
@@ -160,6 +161,40 @@ class PresenceStore(Protocol):
 
     async def take(self, node: str, n: int) -> list[str]:
         """Users a dead node answered for, each to one caller only."""
+        ...
+
+
+class WatchStore(Protocol):
+    """The users each user watches the presence of, counted once across its
+    connections and nodes (``IM_PRESENCE_SUBS_MAX``). A node's entries lapse
+    ``lease_s`` after it last wrote or renewed them, and at once when a caller
+    names the node dead."""
+
+    lease_s: float
+
+    async def add(self, watcher: str, node: str, users: Sequence[str], cap: int,
+                  dead_nodes: Sequence[str]) -> tuple[bool, int]:
+        """``node`` holds ``users`` for ``watcher``, unless that would make the
+        watcher watch more than ``cap`` users (then nothing is added):
+        (added, users watched now)."""
+        ...
+
+    async def count(self, watcher: str, dead_nodes: Sequence[str]) -> int:
+        """The users ``watcher`` watches now (the dead nodes' entries forgotten)."""
+        ...
+
+    async def restore(self, watcher: str, node: str, users: Sequence[str]) -> None:
+        """``node``'s entries for ``watcher`` again, uncapped (they lapsed, or Redis
+        lost them, while its connections still watch them)."""
+        ...
+
+    async def remove(self, watcher: str, node: str, users: Sequence[str]) -> int:
+        """``node`` holds ``users`` for ``watcher`` no more: the users it watches now."""
+        ...
+
+    async def renew(self, node: str, watchers: Sequence[str]) -> list[str]:
+        """Renew ``node``'s lease for each of ``watchers``: those whose entries
+        were gone (to ``restore``)."""
         ...
 
 

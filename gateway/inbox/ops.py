@@ -61,6 +61,7 @@ class MessageOps:
         """Watch ``users`` (changes come as ``presence`` frames); their state now.
         A user whose presence the caller may not see is ``{"hidden": true}`` and
         not watched: no change of it is ever pushed to the caller."""
+        await self.watchers.precheck(client, users, rid)  # at the cap: refused before any read
         shown = await self.visible(client.user, users)
         await self.watchers.watch(client, [u for u in users if u in shown], rid)
         return await self.presence_state(client.user, users, shown)
@@ -78,8 +79,21 @@ class MessageOps:
         state = await self.presence.state([u for u in users if u in shown])
         return {u: state[u] if u in shown else {"hidden": True} for u in users}
 
-    def presence_unsub(self, client: Client, users: list[str]) -> None:
-        self.watchers.unwatch(client, users)
+    async def presence_unsub(self, client: Client, users: list[str]) -> None:
+        await self.watchers.unwatch(client, users)
+
+    async def recheck_watches(self, users: list[str]) -> None:
+        """``users``' relations changed (settings, blocks, contacts): the watches
+        of them here whose watcher may no longer see them end, so no change of
+        them is pushed to it from now on (a ``presence_sub`` again answers
+        ``hidden``). Who sees U depends on U's side only, so the watches of
+        ``users`` are the ones to check."""
+        if self.relations is None:
+            return
+        for watcher, watched in self.watchers.watching(users).items():
+            shown = await self.visible(watcher, sorted(watched))
+            if hidden := sorted(watched - shown):
+                await self.watchers.drop(watcher, hidden)
 
     async def typing(self, user: str, conn: int, conv: str) -> None:
         """Ephemeral: at most one per conversation per 2 s per user on this node

@@ -262,7 +262,7 @@ class Sessions:
             self._send_bytes(client, frames.presence(state, f.id))
 
     async def op_presence_unsub(self, client: Client, f: p.PresenceSub) -> None:
-        self.ops.presence_unsub(client, list(f.users))
+        await self.ops.presence_unsub(client, list(f.users))
         self._send_bytes(client, frames.ok(f.id))
 
     async def op_typing(self, client: Client, f: p.Typing) -> None:

@@ -153,3 +153,28 @@ async def test_privacy_settings_reject_bad_values(make_node, http):
         r = await hu.request("PATCH", "/v1/settings/privacy", json=body)
         assert r.status_code == 400, body
     assert (await hu.get("/v1/settings/privacy")).json()["dm"] == "everyone"
+
+
+async def test_a_watch_ends_when_the_watched_user_hides_its_presence(make_node, connect, http):
+    n1, n2 = await make_node(presence_grace_s=0.3), await make_node(presence_grace_s=0.3)
+    await settle(n1, n2)
+    watcher, user, other = uid("w"), uid("u"), uid("o")
+    assert (await http(user, n1).post(f"/v1/follow/{watcher}")).status_code == 200
+    assert (await http(other, n1).post(f"/v1/follow/{watcher}")).status_code == 200
+    w = await connect(n2, watcher)
+    r = await w.request("presence_sub", users=[user, other])
+    assert r["users"][user] == {"online": False, "last_seen": None}
+    # user hides its presence from everyone (told through node 1): node 2 ends the
+    # watch, so no change of user reaches the watcher any more; other's still do.
+    told = _changes(n2)
+    hu = http(user, n1)
+    assert (await hu.request("PATCH", "/v1/settings/privacy",
+                             json={"presence": "nobody"})).status_code == 200
+    await _told(n2, told)
+    assert await until(lambda: user not in n2.app.watchers.watchers, timeout=5)
+    await connect(n1, user)
+    await connect(n1, other)
+    while other not in (f := await w.next_push("presence"))["users"]:
+        assert user not in f["users"]
+    await _no(w, "presence")
+    assert (await w.request("presence_sub", users=[user]))["users"] == {user: {"hidden": True}}

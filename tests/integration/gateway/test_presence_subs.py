@@ -64,7 +64,8 @@ async def test_unsubscribe_and_limits(make_node, connect, http):
     assert (await change(w, b))["online"] is True  # b still watched; a's came before, if any
     assert all(a not in f["users"] for f in w.drain_pushes() if f["op"] == "presence")
     over = await w.request("presence_sub", users=[uid("x"), uid("y"), uid("z")])
-    assert over["code"] == "bad_request"  # 1 + 3 > 3 per connection
+    assert over["code"] == "forbidden"  # 1 + 3 > 3 per user
+    assert "at most 3 users" in over["message"] and "IM_PRESENCE_SUBS_MAX" in over["message"]
     for bad in ([], ["bad id"], [uid("u")] * 501, "x"):
         assert (await w.request("presence_sub", users=bad))["code"] == "bad_request"
     r = await http(watcher, node).get("/v1/presence", params={"users": f"{a},{uid('n')}"})
