@@ -41,9 +41,12 @@ async def test_sends_to_ten_thousand_invented_ids_leave_no_key_without_a_ttl(
     await ca.request("recall", mid=reply["mid"])
     await http(sender).ok("GET", "/v1/conversations")
     await http(targets[1]).ok("GET", "/v1/conversations")
+    await http(sender).ok("POST", f"/v1/follow/{targets[2]}")  # the following set
+    await http(targets[3]).ok("GET", "/v1/timeline")
     elapsed = time.monotonic() - started
 
     found = await scan(redis_client, f"{RUN_NS}:*{{{tag}-*")
+    assert KEYS.following(sender).encode() in found
     assert len(found) >= 2 * len(targets)  # at least the offline zset and floor of each
     pipe = redis_client.pipeline(transaction=False)
     for key in found:
