@@ -44,6 +44,11 @@ class Settings:
     offline_ttl_s: int = 7 * 86_400
     unread_cap: int = 9999  # per conversation; counts saturate here
     dedup_ttl_s: int = 86_400
+    # A user's unread and conversation keys in Redis expire this long after their
+    # last use and are rebuilt from MongoDB when next needed (a week, as the
+    # offline store and the group caches: an active user never pays a rebuild,
+    # and keys a sender made for ids nobody uses go within the week).
+    user_key_ttl_s: int = 7 * 86_400
     dep_timeout_s: float = 2.0  # per Redis / Mongo operation
     sync_settle_ms: int = 1000  # sync cursors do not pass in-flight sends
     send_rate: float = 200.0  # sends per second per user on a node (token bucket)
@@ -178,6 +183,7 @@ class Settings:
         if self.auth_secret and len(self.auth_secret.encode()) < 32:
             raise ConfigError("IM_AUTH_SECRET must be at least 32 bytes (RFC 7518 3.2 for HS256)")
         for name in ("max_body", "max_frame", "offline_max", "batch_max", "pending_max",
+                     "user_key_ttl_s",
                      "op_rate", "op_burst", "refuse_rate", "refuse_burst", "reply_buffer_max",
                      "max_conns_per_user",
                      "room_window_ms", "room_buffer_max", "room_pending_max",

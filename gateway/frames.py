@@ -63,6 +63,12 @@ def preview(m: ChatMessage, frame: bytes) -> bytes:
     return orjson.dumps({**msg_frame(m), "body": cut, "truncated": True})
 
 
+def conversation_last(m: ChatMessage, reader: str) -> bytes:
+    """What ``reader``'s conversation list keeps as its last message ``m`` (as
+    the send path and a recall leave it): its preview, or its tombstone."""
+    return preview(m, encode(msg_frame(m, reader)))
+
+
 def tombstone(m: ChatMessage, conv: str) -> dict[str, Any]:
     return {"op": "msg", "mid": m.mid, "conv": conv, "from": m.sender, "to": m.to,
             "ts": mid_time_ms(m.mid), "recalled": True}

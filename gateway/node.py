@@ -26,7 +26,7 @@ from gateway import frames
 from gateway.app import App, Step, compose
 from gateway.chat.dead_sends import DeadSends
 from gateway.config import Settings
-from gateway.frames import encode_group
+from gateway.frames import conversation_last, encode_group
 from gateway.http.api import build_metrics_http
 from gateway.http.guard import TimedH11Protocol
 from gateway.metrics import NodeMetrics
@@ -70,8 +70,10 @@ class Node:
             namespace=s.namespace, timeout_s=s.dep_timeout_s, lease_ttl_s=int(s.heartbeat_ttl_s),
             heartbeat_ttl_s=s.heartbeat_ttl_s,
             limits=InboxLimits(offline_max=s.offline_max, offline_ttl_s=s.offline_ttl_s,
-                               unread_cap=s.unread_cap, dedup_ttl_s=s.dedup_ttl_s),
-            encode_group_last=encode_group, mongo_w=s.mongo_w,
+                               unread_cap=s.unread_cap, dedup_ttl_s=s.dedup_ttl_s,
+                               user_key_ttl_s=s.user_key_ttl_s),
+            encode_group_last=encode_group, encode_conv_last=conversation_last,
+            mongo_w=s.mongo_w,
             room_history=(s.room_history, s.room_history_ttl_s))
         self.lease: NodeLease = self.stores.lease
         self._keeper: LeaseKeeper | None = None

@@ -31,7 +31,7 @@ from store.offline_redis import OfflineRedis
 from store.posts_mongo import PostsMongo
 from store.presence_redis import PresenceRedis
 from store.quotas_redis import QuotasRedis
-from store.records import GroupMessage, InboxLimits
+from store.records import ChatMessage, GroupMessage, InboxLimits
 from store.redis_client import connect_redis, redis_guard
 from store.relations_mongo import RelationsMongo
 from store.room_history_redis import RoomHistoryRedis
@@ -79,16 +79,18 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
                 namespace: str, timeout_s: float, limits: InboxLimits, lease_ttl_s: int,
                 heartbeat_ttl_s: float, room_history: tuple[int, float] = (100, 300.0),
                 encode_group_last: Callable[[GroupMessage], bytes],
+                encode_conv_last: Callable[[ChatMessage, str], bytes],
                 mongo_w: str = "majority") -> Stores:
     """Open the clients (lazily: nothing is sent until a store is used) and
     build the stores. ``encode_group_last`` makes the bytes a group's state
-    keeps as its newest message (the client frame, so the gateway's)."""
+    keeps as its newest message, ``encode_conv_last`` those a 1:1
+    conversation keeps for its owner (the client frames, so the gateway's)."""
     redis = connect_redis(redis_url, timeout_s, cluster=redis_cluster)
     mongo = connect_mongo(mongo_url, timeout_s, mongo_w)
     db = mongo[namespace]
     keys = Keys(namespace)
-    offline = OfflineRedis(redis, keys, limits)
     messages = MessagesMongo(mongo, namespace)
+    offline = OfflineRedis(redis, keys, limits, messages, encode_conv_last)
     groups = GroupsMongo(db)
     follows, posts = FollowsMongo(db), PostsMongo(db)
 
@@ -123,7 +125,7 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
                                       ttl_s=room_history[1]),
         group_cache=GroupCacheRedis(redis, keys, groups, encode_group_last),
         follows=follows, posts=posts, timelines=TimelineMongo(db),
-        feed_cache=FeedCacheRedis(redis, keys, follows, posts),
+        feed_cache=FeedCacheRedis(redis, keys, follows, posts, limits.user_key_ttl_s),
         counters=CountersRedis(redis, keys), sanctions=SanctionsRedis(redis, keys),
         presence=PresenceRedis(redis, keys), watches=WatchesRedis(redis, keys),
         quotas=QuotasRedis(redis, keys),

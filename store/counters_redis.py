@@ -15,6 +15,10 @@ from store.redis_client import Batch, Lua, RedisClient, redis_guard, spop_spread
 __all__ = ["COUNT_FIELDS", "CountersRedis"]
 
 COUNT_FIELDS = {"r": "reposts", "c": "comments", "l": "likes"}
+# A post's counter hash expires this long after its last change or read. The
+# background flush writes changes to MongoDB within seconds, so what expires is
+# flushed; a post read again merges MongoDB's counts back in.
+COUNTS_TTL_S = 7 * 86_400
 
 
 class CountersRedis:
@@ -28,7 +32,7 @@ class CountersRedis:
         async with redis_guard():
             await self._count(self.redis, [self.keys.post_counts(post),
                                            self.keys.dirty_counts(post % COUNTER_SHARDS)],
-                              [field, delta, post])
+                              [field, delta, post, COUNTS_TTL_S])
 
     async def counts(self, docs: Sequence[dict[str, Any]]) -> dict[int, dict[str, int]]:
         """Counts of these posts (documents as read from MongoDB), one round trip;
@@ -39,7 +43,7 @@ class CountersRedis:
                 c = d.get("counts") or {}
                 batch.script(self._merge, keys=[self.keys.post_counts(d["_id"])],
                              args=[c.get("reposts", 0), c.get("comments", 0),
-                                   c.get("likes", 0)])
+                                   c.get("likes", 0), COUNTS_TTL_S])
             raw = await batch.execute()
         return {d["_id"]: {name: int(v or 0) for name, v in
                            zip(COUNT_FIELDS.values(), r, strict=True)}

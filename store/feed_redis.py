@@ -19,8 +19,11 @@ MARK = "~"
 
 class FeedCacheRedis:
     def __init__(self, redis: RedisClient, keys: Keys, follows: FollowStore,
-                 posts: PostStore) -> None:
+                 posts: PostStore, following_ttl_s: int = 7 * 86_400) -> None:
         self.redis = redis
+        # A following set expires this long after its last write and is rebuilt
+        # from MongoDB when next read (without ``~`` it is never taken as complete).
+        self.following_ttl_s = following_ttl_s
         self.keys = keys
         self.follows = follows
         self.posts = posts
@@ -36,16 +39,23 @@ class FeedCacheRedis:
             return names - {MARK}
         ids = await self.follows.all_following(user)
         async with redis_guard():
-            await self.redis.sadd(key, MARK, *ids)  # type: ignore[misc]
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.sadd(key, MARK, *ids)
+            pipe.expire(key, self.following_ttl_s)
+            await pipe.execute()
         return set(ids)
 
     async def followed(self, a: str, b: str, yes: bool) -> None:
         """Mirror a follow (or unfollow); a set without ``~`` is rebuilt on read."""
+        key = self.keys.following(a)
         async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
             if yes:
-                await self.redis.sadd(self.keys.following(a), b)  # type: ignore[misc]
+                pipe.sadd(key, b)
             else:
-                await self.redis.srem(self.keys.following(a), b)  # type: ignore[misc]
+                pipe.srem(key, b)
+            pipe.expire(key, self.following_ttl_s)
+            await pipe.execute()
 
     # -- authors whose posts are pulled --------------------------------------------
     async def pull_max(self, authors: Iterable[str]) -> dict[str, int]:

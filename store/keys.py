@@ -38,13 +38,16 @@ class Keys:
         """Hash: ``floor`` = the zset is complete for mids above this."""
         return f"{self.ns}:offm:{{{user}}}"
 
-    def unread(self, user: str) -> str:
-        """Hash: conversation -> unread count; field ``*`` = total."""
+    def inbox_meta(self, user: str) -> str:
+        """Hash: ``~`` once the inbox keys (this, ``unread_mids``, ``convs``,
+        ``conv_last``) were rebuilt from MongoDB and are complete; ``v`` counts
+        reads and erasures made while they were not. The four expire together."""
         return f"{self.ns}:unr:{{{user}}}"
 
-    def unread_mids(self, user: str, conv: str) -> str:
-        """Sorted set of unread mids in one conversation (score = member = mid)."""
-        return f"{self.ns}:unm:{{{user}}}:{conv}"
+    def unread_mids(self, user: str) -> str:
+        """Sorted set of unread mids, every conversation's: score 0, member
+        ``conv|<mid, 16 digits>`` (one conversation's are one lex range)."""
+        return f"{self.ns}:unm:{{{user}}}"
 
     def convs(self, user: str) -> str:
         """Sorted set: conversation -> mid of its last message."""

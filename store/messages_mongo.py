@@ -8,6 +8,10 @@ digits, so one user's box is a contiguous, mid-ordered range of the ``_id``
 index (``|`` never occurs in an id, so no owner is a prefix of another's
 range) and sync needs no secondary index; rewriting an entry is idempotent.
 History uses the one secondary index (owner, conv, mid).
+
+``reads``: per (user, conversation) the highest mid read, ``_id`` =
+``user|conv``: what unread counts are rebuilt from once Redis let them
+expire (``store/offline_redis.py``), read by ``_id`` only.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pymongo import ASCENDING, DESCENDING, AsyncMongoClient
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 
 from store.errors import Unavailable
@@ -30,6 +34,8 @@ from store.mongo_client import (
 from store.records import ChatMessage, GroupMessage, StoredMessage
 
 __all__ = ["INDEXES", "MessagesMongo", "body_doc", "box_docs", "box_id", "chat_message"]
+
+CHUNK = 1000  # mids per $in query
 
 # (collection, keys, options): every index the chat collections carry.
 INDEXES: list[Index] = [
@@ -71,6 +77,7 @@ class MessagesMongo:
         self.messages = self.db["messages"]
         self.boxes = self.db["boxes"]
         self.group_msgs = self.db["group_msgs"]
+        self.reads = self.db["reads"]
 
     async def ensure_indexes(self) -> None:
         await ensure_indexes(self.db, INDEXES)
@@ -198,3 +205,50 @@ class MessagesMongo:
                  "out": u == m.sender} for m, members in entries for u in members]
         if docs:
             await insert_idempotent(self.boxes, docs)
+
+    # -- read marks, and what a user's inbox is rebuilt from (``InboxSource``) ----
+    async def set_read_marks(self, marks: Sequence[tuple[str, str, int]]) -> None:
+        """Upsert each (user, conv) mark with ``$max``: it never moves back."""
+        top: dict[tuple[str, str], int] = {}
+        for user, conv, mid in marks:
+            top[(user, conv)] = max(mid, top.get((user, conv), mid))
+        ops = [UpdateOne({"_id": f"{u}|{c}"}, {"$max": {"mid": mid}}, upsert=True)
+               for (u, c), mid in top.items()]
+        if ops:
+            async with mongo_guard():
+                await self.reads.bulk_write(ops, ordered=False)
+
+    async def read_marks(self, user: str, convs: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in range(0, len(convs), CHUNK):
+            ids = [f"{user}|{c}" for c in convs[i:i + CHUNK]]
+            async with mongo_guard():
+                async for d in self.reads.find({"_id": {"$in": ids}}):
+                    out[str(d["_id"])[len(user) + 1:]] = int(d["mid"])
+        return out
+
+    async def inbox_entries(self, owner: str, limit: int) -> list[tuple[int, str, bool]]:
+        """The owner's newest box entries, as ``box_page`` reads them (equality on
+        owner, newest first, at most ``limit``)."""
+        async with mongo_guard():
+            return [(int(b["mid"]), str(b["conv"]), bool(b.get("out")))
+                    async for b in self.boxes.find({"owner": owner},
+                                                   {"mid": 1, "conv": 1, "out": 1, "_id": 0})
+                    .sort("mid", DESCENDING).limit(limit)]
+
+    async def recalled_among(self, mids: Sequence[int]) -> set[int]:
+        out: set[int] = set()
+        for i in range(0, len(mids), CHUNK):
+            async with mongo_guard():
+                async for d in self.messages.find(
+                        {"_id": {"$in": list(mids[i:i + CHUNK])}, "recalled": True}, {"_id": 1}):
+                    out.add(int(d["_id"]))
+        return out
+
+    async def get_many(self, mids: Sequence[int]) -> dict[int, ChatMessage]:
+        out: dict[int, ChatMessage] = {}
+        for i in range(0, len(mids), CHUNK):
+            async with mongo_guard():
+                async for d in self.messages.find({"_id": {"$in": list(mids[i:i + CHUNK])}}):
+                    out[int(d["_id"])] = chat_message(d)
+        return out

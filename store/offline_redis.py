@@ -3,30 +3,68 @@
 Every multi-key change is one Lua script over keys of one user (one hash
 tag), so it is atomic and Redis Cluster friendly. Batched entry points take
 many messages and make one round trip for all of them.
+
+Every key expires. The offline zset and its floor live ``offline_ttl_s``
+after the last message. The inbox keys (meta, unread mids, conversations,
+last messages) live ``user_key_ttl_s`` after their last use, all four with
+one deadline (every script that touches one refreshes the four). They are
+complete only with the meta hash's ``~``: set by a rebuild from MongoDB
+(``InboxSource``: box entries, recalled flags, read marks), never by a
+delivery. A delivery to keys that are not complete still writes into them,
+only adding (a mid, a later last message), and the rebuild merges into what
+it finds, so neither loses the other's writes; a read or an erasure made
+while they are not complete moves ``v``, and a rebuild that began before it
+starts over.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.ids import mid_for_time_ms
+from core.inbox_rebuild import rebuild_convs, unread_candidates
 from store.errors import Unavailable
 from store.keys import Keys
-from store.records import ConversationRow, Delivery, Erasure, InboxLimits, OfflinePage
+from store.ports import InboxSource
+from store.records import (
+    ChatMessage,
+    ConversationRow,
+    Delivery,
+    Erasure,
+    InboxLimits,
+    OfflinePage,
+)
 from store.redis_client import Batch, Lua, RedisClient, cluster_state, redis_guard
 
-__all__ = ["OfflineRedis"]
+__all__ = ["REBUILD_SCAN", "OfflineRedis", "unread_member"]
+
+# A rebuild reads at most this many of the user's newest box entries: a
+# conversation whose last message is older is left out, and a conversation's
+# unread counts only the messages among them.
+REBUILD_SCAN = 10_000
+REBUILD_TRIES = 3  # rebuilds started over (a read or erasure meanwhile) before giving up
+
+
+def unread_member(conv: str, mid: int) -> str:
+    """A mid's member in the unread zset: one conversation's sort together."""
+    return f"{conv}|{mid:016d}"
 
 
 class OfflineRedis:
     """Redis side of chat state for one namespace."""
 
-    def __init__(self, redis: RedisClient, keys: Keys, limits: InboxLimits) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, limits: InboxLimits,
+                 source: InboxSource, render: Callable[[ChatMessage, str], bytes]) -> None:
+        """``render(message, owner)``: what the conversation list keeps as the
+        last message (the gateway's frame, as the send path stores it)."""
         self.redis = redis
         self.keys = keys
         self.limits = limits
+        self.source = source
+        self.render = render
+        self._fill = Lua("inbox_fill.lua")
         self._deliver = Lua("deliver.lua")
         self._read = Lua("read.lua")
         self._ack = Lua("offline_ack.lua")
@@ -53,14 +91,12 @@ class OfflineRedis:
                 k = self.keys
                 batch.script(
                     self._deliver,
-                    keys=[
-                        k.offline(d.owner), k.offline_meta(d.owner), k.unread(d.owner),
-                        k.unread_mids(d.owner, d.conv), k.convs(d.owner), k.conv_last(d.owner),
-                    ],
+                    keys=[k.offline(d.owner), k.offline_meta(d.owner), *self._inbox(d.owner)],
                     args=[
                         d.mid, d.frame, d.conv, "1" if d.unread else "0", lim.offline_max,
                         oldest, lim.unread_cap, lim.convs_max, lim.offline_ttl_s,
-                        "1" if d.conv_list else "0", d.preview,
+                        "1" if d.conv_list else "0", d.preview, lim.user_key_ttl_s,
+                        unread_member(d.conv, d.mid),
                     ],
                 )
             for sender, cmid, value in acked:
@@ -72,26 +108,36 @@ class OfflineRedis:
         found = results[len(deliveries) + len(acked):]
         return [{f.decode(): n.decode() for f, n in r.items()} for r in found]
 
+    def _inbox(self, user: str) -> list[str]:
+        k = self.keys
+        return [k.inbox_meta(user), k.unread_mids(user), k.convs(user), k.conv_last(user)]
+
     # -- reading -------------------------------------------------------------
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
+        """Unread mids of ``conv`` up to ``mid`` go; the count left (rebuilt from
+        MongoDB first if the keys were not complete: the caller has written the
+        read mark there before)."""
+        args = [conv, unread_member(conv, mid), self.limits.user_key_ttl_s]
         async with redis_guard():
-            count = await self._read(
-                self.redis, keys=[self.keys.unread(user), self.keys.unread_mids(user, conv)],
-                args=[conv, mid],
-            )
+            complete, count = await self._read(self.redis, keys=self._inbox(user), args=args)
+        if not complete and await self._rebuild(user):
+            async with redis_guard():
+                complete, count = await self._read(self.redis, keys=self._inbox(user),
+                                                   args=args)
         return int(count)
 
     async def erase(self, erasures: Sequence[Erasure]) -> None:
         """Recalls and deletions, each atomic for its user, one round trip."""
         k = self.keys
+        ttl = self.limits.user_key_ttl_s
         async with redis_guard():
             batch = Batch(self.redis)
             for e in erasures:
                 batch.script(self._erase, [k.offline(e.user), k.convs(e.user),
-                                           k.conv_last(e.user), k.unread(e.user),
-                                           k.unread_mids(e.user, e.conv)],
+                                           k.conv_last(e.user), k.inbox_meta(e.user),
+                                           k.unread_mids(e.user)],
                              [e.mid, e.conv, "recall" if e.recall else "forget", e.frame,
-                              e.frame_mid])
+                              e.frame_mid, unread_member(e.conv, e.mid), ttl])
             await batch.execute()
 
     async def ack(self, user: str, *, mids: Sequence[int] = (), upto: int = -1) -> None:
@@ -122,18 +168,60 @@ class OfflineRedis:
     async def conversations(self, user: str, count: int, upto: int | None = None
                             ) -> tuple[int, list[ConversationRow]]:
         """(total unread, the ``count`` newest conversations whose last mid is at
-        most ``upto``)."""
-        k = self.keys
-        async with redis_guard():
-            raw = await self._convs(
-                self.redis, keys=[k.convs(user), k.conv_last(user), k.unread(user)],
-                args=[count, "+inf" if upto is None else upto])
+        most ``upto``); keys that are not complete are rebuilt from MongoDB first."""
+        raw = await self._conversations(user, count, upto)
+        if not raw[0] and await self._rebuild(user):
+            raw = await self._conversations(user, count, upto)
         rows = [
             ConversationRow(raw[i].decode(), int(float(raw[i + 1])), int(raw[i + 2]),
                             raw[i + 3] or None)
-            for i in range(1, len(raw), 4)
+            for i in range(2, len(raw), 4)
         ]
-        return int(raw[0]), rows
+        return int(raw[1]), rows
+
+    async def _conversations(self, user: str, count: int, upto: int | None) -> list[Any]:
+        async with redis_guard():
+            return list(await self._convs(self.redis, keys=self._inbox(user), args=[
+                count, self.limits.user_key_ttl_s, "+inf" if upto is None else upto]))
+
+    # -- rebuild ---------------------------------------------------------------
+    async def _rebuild(self, user: str) -> bool:
+        """Fill the user's inbox keys from MongoDB and mark them complete; False
+        if reads or erasures kept racing it (the keys stay as they are)."""
+        meta = self.keys.inbox_meta(user)
+        for _ in range(REBUILD_TRIES):
+            async with redis_guard():
+                raw: bytes | None = await self.redis.hget(meta, "v")  # type: ignore[misc,assignment]
+            args = await self._rebuilt_args(user)
+            lim = self.limits
+            async with redis_guard():
+                done = await self._fill(self.redis, keys=self._inbox(user), args=[
+                    raw.decode() if raw else "", lim.user_key_ttl_s, lim.convs_max,
+                    lim.unread_cap, *args])
+            if done:
+                return True
+        return False
+
+    async def _rebuilt_args(self, user: str) -> list[Any]:
+        """``inbox_fill.lua``'s per-conversation arguments, from MongoDB: at most
+        ``REBUILD_SCAN`` box entries, then point reads of marks and messages."""
+        lim = self.limits
+        entries = await self.source.inbox_entries(user, REBUILD_SCAN)
+        convs = sorted({conv for _, conv, _ in entries if not conv.startswith("g:")})
+        marks = await self.source.read_marks(user, convs)
+        recalled = await self.source.recalled_among(unread_candidates(entries, marks))
+        rows = rebuild_convs(entries, marks, recalled, lim.convs_max, lim.unread_cap)
+        lasts = await self.source.get_many([r.last_mid for r in rows])
+        args: list[Any] = []
+        for r in rows:
+            m = lasts.get(r.last_mid)
+            if m is None:  # a box entry without its message: nothing to show
+                continue
+            mark = marks.get(r.conv)
+            args += [r.conv, r.last_mid, self.render(m, user),
+                     unread_member(r.conv, mark) if mark is not None else "", len(r.unread),
+                     *(unread_member(r.conv, u) for u in r.unread)]
+        return args
 
     async def ping(self) -> None:
         """Redis answers; a Redis Cluster answers on every primary and each

@@ -125,9 +125,33 @@ class MessageStore(Protocol):
         """A box entry per (message, member) of write-diffused groups; idempotent."""
         ...
 
+    async def set_read_marks(self, marks: Sequence[tuple[str, str, int]]) -> None:
+        """(user, conv, mid) read marks, each only ever moving up; one round trip."""
+        ...
+
     async def ping(self) -> None: ...
 
     async def ensure_indexes(self) -> None: ...
+
+
+class InboxSource(Protocol):
+    """What a user's 1:1 conversation list and unread are rebuilt from once
+    their Redis keys expired (``OfflineStore``'s, reading ``MessageStore``'s
+    collections)."""
+
+    async def inbox_entries(self, owner: str, limit: int) -> list[tuple[int, str, bool]]:
+        """The newest ``limit`` box entries: (mid, conv, sent by the owner)."""
+        ...
+
+    async def read_marks(self, user: str, convs: Sequence[str]) -> dict[str, int]:
+        """conv -> highest mid read, for those of ``convs`` with a mark."""
+        ...
+
+    async def recalled_among(self, mids: Sequence[int]) -> set[int]: ...
+
+    async def get_many(self, mids: Sequence[int]) -> dict[int, ChatMessage]:
+        """The 1:1 messages among ``mids`` (recalled ones without body)."""
+        ...
 
 
 class RouteStore(Protocol):

@@ -72,6 +72,7 @@ class InboxLimits:
     convs_max: int = 1000
     dedup_ttl_s: int = 86_400
     pending_ttl_s: int = 60
+    user_key_ttl_s: int = 7 * 86_400  # the inbox keys (unread, conversations), refreshed on use
 
 
 @dataclass(frozen=True, slots=True)

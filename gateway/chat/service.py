@@ -26,7 +26,14 @@ from core.paging import seek_page
 from gateway.chat.claims import Claims
 from gateway.config import Settings
 from gateway.errors import ProtocolError
-from gateway.frames import encode, frame_of, msg_frame, preview, tombstone
+from gateway.frames import (
+    conversation_last,
+    encode,
+    frame_of,
+    msg_frame,
+    preview,
+    tombstone,
+)
 from gateway.metrics import NodeMetrics
 from store.ports import MessageStore, OfflineStore, RouteStore
 from store.records import ChatMessage, ConversationRow, Delivery, Erasure
@@ -102,6 +109,10 @@ class ChatService:
         self._deliveries: Batcher[_Outgoing, tuple[dict[str, str], dict[str, str]]] = Batcher(
             self._flush_deliveries, name="redis", observe=metrics.stage_observer("redis"),
             max_batch=mb, max_pending=mp)
+        # Read marks go to MongoDB (what unread is rebuilt from once Redis let it
+        # expire), many users' in one bulk write.
+        self._reads: Batcher[tuple[str, str, int], None] = Batcher(
+            self._flush_reads, name="reads", max_batch=mb, max_pending=mp)
 
     # -- send ----------------------------------------------------------------
     async def send(self, sender: str, to: str, cmid: str, body: Any) -> SendResult:
@@ -199,8 +210,12 @@ class ChatService:
         routes = await self.offline.deliver(deliveries, acked)
         return [(routes[2 * i], routes[2 * i + 1]) for i in range(len(items))]
 
+    async def _flush_reads(self, marks: list[tuple[str, str, int]]) -> list[None]:
+        await self.messages.set_read_marks(marks)
+        return [None] * len(marks)
+
     async def close(self) -> None:
-        for b in (self._writes, self._deliveries):
+        for b in (self._writes, self._deliveries, self._reads):
             await b.close()
 
     # -- read side (1:1 only; ``Conversations`` dispatches and merges) ----------
@@ -213,10 +228,12 @@ class ChatService:
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
         """Read ``conv`` up to ``mid``, a message of that conversation (one point
         read of the store): any other mid is ``not_found`` and changes nothing,
-        so a ``read`` cannot push a receipt to a stranger."""
+        so a ``read`` cannot push a receipt to a stranger. The mark goes to
+        MongoDB first (unread is rebuilt from it), then to Redis."""
         m = await self.messages.get(mid)
         if m is None or {m.sender, m.to} != {user, conv}:
             raise ProtocolError("not_found", "no such message in this conversation")
+        await self._reads.submit((user, conv, mid))
         return await self.offline.mark_read(user, conv, mid)
 
     async def sync_rows(self, user: str, since: int, count: int) -> list[tuple[int, Any]]:
@@ -258,9 +275,9 @@ class ChatService:
         if conv is None:
             raise ProtocolError("not_found", "no such message in your box")
         left = await self.messages.box_page(user, conv=conv, limit=1)
-        newest = left[0] if left else None
+        newest = left[0] if left and isinstance(left[0], ChatMessage) else None
         await self.offline.erase([Erasure(
-            user, conv, mid, False, encode(frame_of(newest, user)) if newest else b"",
+            user, conv, mid, False, conversation_last(newest, user) if newest else b"",
             newest.mid if newest else 0)])
         return conv
 

@@ -1,19 +1,18 @@
 -- read.lua: the user has read a conversation up to a mid.
--- KEYS[1] unread hash (conv -> count, '*' -> total)
--- KEYS[2] unread mids zset of this conversation
--- ARGV[1] conv   ARGV[2] mid read up to (inclusive)
--- Sets the conversation's count to the unread mids left after ARGV[2] and
--- moves the total by the same difference. Returns the new count.
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[2])
-local count = redis.call('ZCARD', KEYS[2])
-local before = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-if count == 0 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-else
-  redis.call('HSET', KEYS[1], ARGV[1], count)
+-- KEYS[1] inbox meta hash   KEYS[2] unread zset   KEYS[3] conversations zset
+-- KEYS[4] last message hash (KEYS[1..4] as deliver.lua's KEYS[3..6])
+-- ARGV[1] conv   ARGV[2] the unread member of the mid read up to (inclusive)
+-- ARGV[3] the inbox keys' TTL seconds
+-- Drops the conversation's unread mids up to ARGV[2]. On keys not complete
+-- (expired, or never rebuilt) 'v' is bumped, so a rebuild that read MongoDB
+-- before this read does not put those mids back.
+-- Returns {1 if the keys are complete else 0, unread left in the conversation}.
+local lo = '[' .. ARGV[1] .. '|'
+redis.call('ZREMRANGEBYLEX', KEYS[2], lo, '[' .. ARGV[2])
+local count = redis.call('ZLEXCOUNT', KEYS[2], lo, '(' .. ARGV[1] .. '|:')
+local complete = redis.call('HEXISTS', KEYS[1], '~')
+if complete == 0 then
+  redis.call('HINCRBY', KEYS[1], 'v', 1)
 end
-if count ~= before then
-  local total = redis.call('HINCRBY', KEYS[1], '*', count - before)
-  if total <= 0 then redis.call('HDEL', KEYS[1], '*') end
-end
-return count
+for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+return {complete, count}

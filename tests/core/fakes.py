@@ -265,6 +265,7 @@ class FakeMessages(Faulty):
         self.boxes: dict[str, dict[int, str]] = {}  # owner -> mid -> conv
         self.batches: list[list[ChatMessage]] = []
         self.group_boxes: list[tuple[GroupMessage, list[str]]] = []
+        self.read_marks: dict[tuple[str, str], int] = {}
 
     async def store_batch(self, msgs: Sequence[ChatMessage]) -> list[int | BaseException]:
         self._up("store_batch")
@@ -330,6 +331,11 @@ class FakeMessages(Faulty):
             self.bodies[m.mid] = m  # the real store reads these from group_msgs
             for u in members:
                 self._box(u, m.mid, f"g:{m.group}")
+
+    async def set_read_marks(self, marks: Sequence[tuple[str, str, int]]) -> None:
+        self._up("set_read_marks")
+        for user, conv, mid in marks:
+            self.read_marks[(user, conv)] = max(mid, self.read_marks.get((user, conv), mid))
 
     async def ping(self) -> None:
         self._up("ping")

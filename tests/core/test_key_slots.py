@@ -17,10 +17,10 @@ def one_slot(*keys: str) -> bool:
 
 def test_per_user_scripts_touch_one_slot() -> None:
     for u in USERS:
-        # deliver.lua, read.lua, offline_ack/page.lua, conversations.lua
-        assert one_slot(K.offline(u), K.offline_meta(u), K.unread(u),
-                        K.unread_mids(u, "c:bob"), K.convs(u), K.conv_last(u))
-        assert one_slot(K.unread(u), K.unread_mids(u, "g:grp1"))
+        # deliver.lua, read.lua, erase.lua, offline_ack/page.lua, conversations.lua,
+        # inbox_fill.lua
+        assert one_slot(K.offline(u), K.offline_meta(u), K.inbox_meta(u),
+                        K.unread_mids(u), K.convs(u), K.conv_last(u))
         # read_seq.lua; dedup and routes share the user's slot too
         assert one_slot(K.user_groups(u), K.dedup(u, "cmid-1"), K.routes(u), K.following(u))
 

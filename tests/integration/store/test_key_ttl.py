@@ -1,0 +1,134 @@
+"""Every Redis key a 1:1 send writes for a user expires, and what a user's
+keys answered is answered again, rebuilt from MongoDB, once they expired."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from store.keys import Keys
+from testkit.poll import bounded, until
+from tests.conftest import RUN_NS, uid
+
+KEYS = Keys(RUN_NS)
+
+
+def user_keys(user: str) -> list[str]:
+    k = KEYS
+    return [k.offline(user), k.offline_meta(user), k.inbox_meta(user), k.unread_mids(user),
+            k.convs(user), k.conv_last(user)]
+
+
+async def scan(redis: Any, pattern: str) -> list[bytes]:
+    return [key async for key in redis.scan_iter(match=pattern, count=1000)]
+
+
+async def test_sends_to_ten_thousand_invented_ids_leave_no_key_without_a_ttl(
+        node, connect, http, redis_client):
+    """A sender who makes up recipients can fill Redis only for a while: every
+    key written for them (and for the sender) has a TTL."""
+    tag = uid("ttl")
+    sender = f"{tag}-s"
+    targets = [f"{tag}-{i}" for i in range(10_000)]
+    chat = node.app.chat
+    started = time.monotonic()
+    await bounded((chat.send(sender, t, f"c{i}", b'"hi"') for i, t in enumerate(targets)), 512)
+    # And what a client does next: list, read, recall, delete (each writes keys).
+    ca = await connect(node, sender)
+    reply = await ca.request("send", to=targets[0], cmid="again", body="x")
+    await http(targets[0]).ok("POST", f"/v1/conversations/{sender}/read",
+                              json={"mid": reply["mid"]})
+    await ca.request("recall", mid=reply["mid"])
+    await http(sender).ok("GET", "/v1/conversations")
+    await http(targets[1]).ok("GET", "/v1/conversations")
+    await http(sender).ok("POST", f"/v1/follow/{targets[2]}")  # the following set
+    await http(targets[3]).ok("GET", "/v1/timeline")
+    elapsed = time.monotonic() - started
+
+    found = await scan(redis_client, f"{RUN_NS}:*{{{tag}-*")
+    assert KEYS.following(sender).encode() in found
+    assert len(found) >= 2 * len(targets)  # at least the offline zset and floor of each
+    pipe = redis_client.pipeline(transaction=False)
+    for key in found:
+        pipe.ttl(key)
+    ttls = await pipe.execute()
+    forever = [k.decode() for k, t in zip(found, ttls, strict=True) if t == -1]
+    assert forever == [], f"{len(forever)} keys without a TTL, e.g. {forever[:5]}"
+    assert elapsed < 120
+
+
+async def conversations(u: Any) -> dict[str, Any]:
+    return await u.ok("GET", "/v1/conversations", params={"limit": 50})
+
+
+async def answers(u: Any, peers: list[str]) -> dict[str, Any]:
+    """What a user is told: conversations (unread included), sync, history."""
+    msgs, _ = await u.sync_all(0)
+    history = {p: (await u.ok("GET", f"/v1/history/{p}", params={"limit": 100}))["msgs"]
+               for p in peers}
+    return {"conversations": await conversations(u), "sync": msgs, "history": history}
+
+
+async def gone(redis: Any, user: str) -> bool:
+    return await redis.exists(*user_keys(user)) == 0
+
+
+async def test_after_the_keys_expire_every_answer_is_rebuilt_the_same(
+        make_node, connect, http, redis_client, mongo_db):
+    node = await make_node(user_key_ttl_s=2, offline_ttl_s=2)
+    alice, bob, carol, dan, erin = (uid(p) for p in ("al", "bo", "ca", "da", "er"))
+    ca, cb, cc, cd = [await connect(node, u) for u in (alice, bob, carol, dan)]
+    ha = http(alice, node)
+
+    async def send(dev: Any, to: str, body: Any) -> int:
+        return int((await dev.request("send", to=to, cmid=uid("m"), body=body))["mid"])
+
+    await send(cb, alice, "b1")
+    # The first list rebuilds (a new user's keys are never complete before);
+    # everything after is the scripts' doing, compared below with a rebuild.
+    await conversations(ha)
+    b2 = await send(cb, alice, "b2")
+    await send(cb, alice, {"text": "x" * 600})  # kept as a preview in the list
+    b4 = await send(cb, alice, "b4")
+    await ca.request("read", conv=bob, mid=b2)  # bob: 2 left unread
+    c1 = await send(cc, alice, "c1")
+    await send(ca, carol, "a->c")
+    await ca.request("read", conv=carol, mid=c1)  # carol: all read, last is alice's
+    d1 = await send(cd, alice, "d1")
+    d2 = await send(cd, alice, "d2")
+    await cd.request("recall", mid=d2)  # dan: the last is a tombstone, 1 unread
+    await send(ca, erin, "to erin")  # erin: only sent
+    await send(ca, erin, "to erin 2")
+    e3 = await send(ca, erin, "to erin 3")
+    await ha.ok("DELETE", f"/v1/messages/{e3}")  # deleted for alice: erin's last is the 2nd
+    await ha.ok("DELETE", f"/v1/messages/{b4}")  # deleted unread: no longer counted
+    peers = [bob, carol, dan, erin]
+    before = await answers(ha, peers)
+    by_conv = {c["conv"]: c for c in before["conversations"]["conversations"]}
+    assert [c["conv"] for c in before["conversations"]["conversations"]] == [
+        erin, dan, carol, bob]
+    assert {c: r["unread"] for c, r in by_conv.items()} == {bob: 1, carol: 0, dan: 1, erin: 0}
+    assert before["conversations"]["total_unread"] == 2
+    assert by_conv[dan]["last"]["recalled"] is True
+    assert by_conv[erin]["last"]["body"] == "to erin 2"
+    assert await mongo_db.reads.find_one({"_id": f"{alice}|{bob}"}) is not None
+
+    assert await until(lambda: gone(redis_client, alice), timeout=15)
+    after = await answers(ha, peers)
+    assert after == before
+    assert not await gone(redis_client, alice)  # rebuilt (and expiring again)
+    ttls = [await redis_client.ttl(k) for k in user_keys(alice)[2:]]
+    assert all(0 < t <= 2 for t in ttls), ttls
+
+    # Keys that expired take deliveries and reads before anyone lists them:
+    # the rebuild that follows merges them in, losing none.
+    assert await until(lambda: gone(redis_client, alice), timeout=15)
+    d3 = await send(cd, alice, "d3")
+    await ca.request("read", conv=dan, mid=d1)  # d2 is recalled: d3 alone is unread
+    b5 = await send(cb, alice, "b5")
+    listed = await conversations(ha)
+    rows = {c["conv"]: c for c in listed["conversations"]}
+    assert [c["conv"] for c in listed["conversations"]] == [bob, dan, erin, carol]
+    assert rows[bob]["unread"] == 2 and rows[bob]["last"]["mid"] == b5
+    assert rows[dan]["unread"] == 1 and rows[dan]["last"]["mid"] == d3
+    assert listed["total_unread"] == 3
