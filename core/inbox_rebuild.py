@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BoxEntry", "RebuiltConv", "rebuild_convs", "unread_candidates"]
+__all__ = ["BoxEntry", "RebuiltConv", "legacy_marks", "rebuild_convs", "unread_candidates"]
 
 BoxEntry = tuple[int, str, bool]  # (mid, conversation as the owner names it, sent by the owner)
 
@@ -61,3 +61,25 @@ def rebuild_convs(entries: Sequence[BoxEntry], marks: Mapping[str, int],
         rows.append(RebuiltConv(conv, mid, tuple(mids[len(mids) - unread_cap:]
                                                  if len(mids) > unread_cap else mids)))
     return rows
+
+
+def legacy_marks(counted: Collection[str], oldest_unread: Mapping[str, int],
+                 entries: Sequence[BoxEntry], unmarked: Collection[str]) -> dict[str, int]:
+    """Read marks for conversations that have none in MongoDB, from what a
+    version without stored marks left in Redis: its unread hash (``counted``:
+    the conversations it counted, ``*`` for the total) and each conversation's
+    oldest unread mid. Such a conversation was read up to just before its
+    oldest unread message, or, with none, to its last message. Nothing is made
+    up for a user the old version left nothing for (a new user: all unread)."""
+    if not counted:
+        return {}
+    last: dict[str, int] = {}
+    for mid, conv, _ in _direct(entries):
+        last[conv] = max(mid, last.get(conv, 0))
+    out: dict[str, int] = {}
+    for conv in unmarked:
+        if conv in oldest_unread:
+            out[conv] = oldest_unread[conv] - 1
+        elif conv in last:
+            out[conv] = last[conv]
+    return out

@@ -44,6 +44,11 @@ class Keys:
         reads and erasures made while they were not. The four expire together."""
         return f"{self.ns}:unr:{{{user}}}"
 
+    def legacy_unread_mids(self, user: str, conv: str) -> str:
+        """What a version before inbox TTLs kept per conversation: a sorted set
+        of its unread mids (read once, when the user's inbox is first rebuilt)."""
+        return f"{self.ns}:unm:{{{user}}}:{conv}"
+
     def unread_mids(self, user: str) -> str:
         """Sorted set of unread mids, every conversation's: score 0, member
         ``conv|<mid, 16 digits>`` (one conversation's are one lex range)."""

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.ids import mid_for_time_ms
-from core.inbox_rebuild import rebuild_convs, unread_candidates
+from core.inbox_rebuild import BoxEntry, legacy_marks, rebuild_convs, unread_candidates
 from store.errors import Unavailable
 from store.keys import Keys
 from store.ports import InboxSource
@@ -209,6 +209,10 @@ class OfflineRedis:
         entries = await self.source.inbox_entries(user, REBUILD_SCAN)
         convs = sorted({conv for _, conv, _ in entries if not conv.startswith("g:")})
         marks = await self.source.read_marks(user, convs)
+        legacy = await self._legacy_marks(user, entries, [c for c in convs if c not in marks])
+        if legacy:  # kept, so that the next rebuild needs no old key
+            await self.source.set_read_marks([(user, c, m) for c, m in legacy.items()])
+            marks.update(legacy)
         recalled = await self.source.recalled_among(unread_candidates(entries, marks))
         rows = rebuild_convs(entries, marks, recalled, lim.convs_max, lim.unread_cap)
         lasts = await self.source.get_many([r.last_mid for r in rows])
@@ -222,6 +226,33 @@ class OfflineRedis:
                      unread_member(r.conv, mark) if mark is not None else "", len(r.unread),
                      *(unread_member(r.conv, u) for u in r.unread)]
         return args
+
+    async def _legacy_marks(self, user: str, entries: Sequence[BoxEntry],
+                            unmarked: Sequence[str]) -> dict[str, int]:
+        """Marks for ``unmarked`` conversations from the keys a version without
+        stored read marks left (``core.inbox_rebuild.legacy_marks``); those
+        keys are removed once read."""
+        if not unmarked:
+            return {}
+        async with redis_guard():
+            fields: dict[bytes, bytes] = await self.redis.hgetall(  # type: ignore[assignment]
+                self.keys.inbox_meta(user))
+            counted = {f.decode() for f in fields if f not in (b"~", b"v")}
+            if not counted:
+                return {}
+            pipe = self.redis.pipeline(transaction=False)
+            for conv in unmarked:
+                pipe.zrange(self.keys.legacy_unread_mids(user, conv), 0, 0, withscores=True)
+            oldest = {conv: int(got[0][1]) for conv, got in
+                      zip(unmarked, await pipe.execute(), strict=True) if got}
+        marks = legacy_marks(counted, oldest, entries, unmarked)
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for conv in unmarked:
+                pipe.unlink(self.keys.legacy_unread_mids(user, conv))
+            pipe.hdel(self.keys.inbox_meta(user), *counted)
+            await pipe.execute()
+        return marks
 
     async def ping(self) -> None:
         """Redis answers; a Redis Cluster answers on every primary and each

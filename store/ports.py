@@ -147,6 +147,10 @@ class InboxSource(Protocol):
         """conv -> highest mid read, for those of ``convs`` with a mark."""
         ...
 
+    async def set_read_marks(self, marks: Sequence[tuple[str, str, int]]) -> None:
+        """(user, conv, mid) marks, each raised to at least ``mid``."""
+        ...
+
     async def recalled_among(self, mids: Sequence[int]) -> set[int]: ...
 
     async def get_many(self, mids: Sequence[int]) -> dict[int, ChatMessage]:

@@ -4,15 +4,10 @@ counts to expect, then a ``/v1/conversations`` page compared with them).
 After the run each user reads every conversation up to a message picked at
 random; then ``/v1/conversations`` must give, per conversation:
 
-- 1:1: the peer's messages after the read mid, except those acked before a
-  Redis loss (of the whole Redis, or of the Redis Cluster master holding the
-  user's keys) (docs/reference/chat.md, "Failure": unread counters and sets live
-  only in Redis and restart from zero; messages unread at the flush are no
-  longer counted). One first sent before Redis came back and acked after it
-  was killed is ambiguous and allowed either way: its store write may have
-  come before the loss (an ack seen after the restart can answer a resend of
-  a message acked, and counted, before the kill: the first ack was lost with
-  its connection).
+- 1:1: the peer's messages after the read mid, a Redis loss or not (a user's
+  unread is rebuilt from the MongoDB boxes and read marks once its Redis keys
+  are gone: docs/reference/redis-keys.md); a send never acked may have been
+  stored all the same (its ack lost, never resent): it may count.
 - group: the group's seq (MongoDB's counter, the only source of seqs:
   docs/reference/groups.md) minus the member's read seq (docs/protocol.md,
   Groups); the read seq is the highest of the read mid's seq and the seqs of
@@ -87,30 +82,28 @@ def _incoming_dms(h: History, r: User) -> dict[str, list[Send]]:
     return incoming
 
 
+def _unacked_dms(h: History, r: User) -> dict[str, int]:
+    """Per sender, its 1:1 sends to ``r`` never acked (any may be stored)."""
+    out: dict[str, int] = defaultdict(int)
+    for u in h.everyone:
+        for s in u.sends.values():
+            if s.mid is None and s.kind == "dm" and s.to == r.name:
+                out[u.name] += 1
+    return out
+
+
 def _plan_dms(h: History, plan: UnreadPlan, rng: random.Random,
               outages: list[tuple[float, float]]) -> None:
     r = plan.user
+    unacked = _unacked_dms(h, r)
     for peer, got in _incoming_dms(h, r).items():
         read_mid = got[rng.randrange(len(got))].mid if got else None
         if read_mid is not None:
             plan.reads[peer] = read_mid
-        lo = hi = 0
-        for s in got:
-            if read_mid is not None and (s.mid or 0) <= read_mid:
-                continue
-            assert s.t_ack is not None
-            if any(s.t_ack < kill for kill, _ in outages):
-                continue  # unread when Redis lost it: no longer counted
-            if any(s.t_first <= heal and s.t_ack >= kill for kill, heal in outages):
-                # Sent before the heal and acked after the kill: its store
-                # write may have come before the loss. An ack seen after the
-                # heal may answer a resend of a send acked before the kill (its
-                # first ack lost with the connection): either way.
-                hi += 1
-                plan.ambiguous += 1
-            else:
-                lo, hi = lo + 1, hi + 1
-        plan.expect[peer] = (lo, hi)
+        n = sum(1 for s in got if read_mid is None or (s.mid or 0) > read_mid)
+        maybe = unacked.get(peer, 0)
+        plan.ambiguous += maybe
+        plan.expect[peer] = (n, n + maybe)
     if r.peer and r.peer not in plan.expect:
         plan.expect[r.peer] = (0, 0)  # its own sends: never unread
 

@@ -27,6 +27,7 @@ from imgate_client import (
     Event,
     Message,
     Push,
+    RoomGap,
     RoomMessages,
     RoomRejoined,
     SendTimeout,
@@ -142,6 +143,9 @@ class Workload:
             u.room_log.append((t, "rejoined", (ev.recovered, ev.reply)))
         elif isinstance(ev, Push) and ev.op == "room_gap":
             u.room_log.append((t, "gap", dict(ev.frame)))
+        elif isinstance(ev, RoomGap):  # the SDK tells its app of positions it will not show
+            u.room_log.append((t, "gap", {"epoch": ev.epoch, "after": ev.after,
+                                          "reason": ev.reason}))
 
     def _on_lost(self, u: User, order: list[int], ev: ConnectionLost, t: float,
                  gen: int) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.inbox_rebuild import RebuiltConv, rebuild_convs, unread_candidates
+from core.inbox_rebuild import RebuiltConv, legacy_marks, rebuild_convs, unread_candidates
 
 # (mid, conv, sent by the owner); in any order, as a store returns them.
 ENTRIES = [
@@ -46,3 +46,14 @@ def test_no_entries_no_rows_and_duplicates_count_once():
     assert rebuild_convs([], {}, (), 10, 10) == []
     twice = [(7, "bob", False), (7, "bob", False)]
     assert rebuild_convs(twice, {}, (), 10, 10) == [RebuiltConv("bob", 7, (7,))]
+
+
+def test_marks_of_a_version_without_them_come_from_its_unread_keys():
+    entries = [(10, "alice", False), (11, "alice", False), (12, "alice", False),
+               (20, "bob", False), (21, "bob", True), (30, "carol", False)]
+    # The old version counted alice (2 unread, the oldest 11) and bob (none).
+    marks = legacy_marks({"*", "alice", "bob"}, {"alice": 11}, entries,
+                         ["alice", "bob", "carol"])
+    assert marks == {"alice": 10, "bob": 21, "carol": 30}
+    # A user the old version left nothing for: no marks made up (all unread).
+    assert legacy_marks(set(), {}, entries, ["alice"]) == {}
