@@ -47,8 +47,8 @@ class KeyedBuckets:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def take(self, user: str, now: float) -> bool:
-        """One call by ``user`` at ``now``: False if over the rate."""
+    def take(self, user: str, now: float, n: float = 1.0) -> bool:
+        """A call by ``user`` at ``now`` costing ``n`` tokens: False if over the rate."""
         if self.rate <= 0:
             return True
         bucket = self._buckets.get(user)
@@ -56,7 +56,7 @@ class KeyedBuckets:
             bucket = self._buckets[user] = TokenBucket(self.rate, self.burst, now)
         else:
             self._buckets.move_to_end(user)
-        allowed = bucket.take(now)
+        allowed = bucket.take(now, n)
         self._drop_idle(now)
         return allowed
 

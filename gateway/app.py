@@ -213,7 +213,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
 
     relations = Relations(stores.relations, stores.quotas, RelationLimits(
         Privacy(s.privacy_dm, s.privacy_presence, s.privacy_group_add),
-        s.max_new_convs_per_day), refused, tell_all=relations_changed)
+        s.max_new_convs_per_day, s.relation_lookup_rate, s.relation_lookup_burst),
+        refused, tell_all=relations_changed)
     group_admin = GroupAdmin(stores.groups, stores.group_cache, router,
                              AdminLimits.from_settings(s), stores.quotas, refused=refused,
                              may_not_add=relations.refused_adds)

@@ -80,6 +80,8 @@ class Settings:
     privacy_presence: str = "contacts"  # everyone | contacts | nobody
     privacy_group_add: str = "everyone"  # everyone | contacts
     max_new_convs_per_day: int = 500  # 1:1 conversations started with users who never wrote
+    relation_lookup_rate: float = 20.0  # users looked up per second per user (typing,
+    relation_lookup_burst: int = 1000  # receipts, presence) when not remembered; 0: none
     push_confirm_ms: int = 500  # an ack waits this long at most for its pushes' hand-off (0: not)
     max_groups_owned: int = 200  # groups one user owns
     max_groups_joined: int = 2000  # groups one user is a member of (an add past it: refused)
@@ -201,7 +203,7 @@ class Settings:
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s", "room_history",
                      "group_write_diffusion_max", "group_max_members", "feed_push_max",
                      "ip_handshake_rate", "ip_handshake_burst", "max_conns_per_ip",
-                     "push_confirm_ms"):
+                     "push_confirm_ms", "relation_lookup_rate", "relation_lookup_burst"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"IM_{name.upper()} must not be negative")
         self._validate_edge()

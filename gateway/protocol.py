@@ -375,6 +375,13 @@ class Op:
 
 
 RECV_ACK_MIDS_PER_TOKEN = 10  # one recv_ack of 1,000 mids costs 101 op tokens
+# Ops that read the store each time cost more op tokens than a ping: a read
+# mark (a point read of the message, a write of the mark), a recall.
+STORE_OP_COST = 5.0
+
+
+def _store_cost(_frame: Frame) -> float:
+    return STORE_OP_COST
 
 # The client ops (docs/protocol.md). Adding an op: a frame class above, a row
 # here, and the session's ``op_<name>`` handler.
@@ -382,12 +389,12 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("send", _parse_send, budget="send"),
     Op("group_send", _parse_group_send, budget="send"),
     Op("recv_ack", _parse_recv_ack, cost=_recv_ack_cost),
-    Op("read", _parse_read),
+    Op("read", _parse_read, cost=_store_cost),
     Op("ping", _parse_ping, run="core"),
     Op("join", _parse_join),
     Op("leave", _parse_leave),
     Op("room_send", _parse_room_send, run="now"),
-    Op("recall", _parse_recall),
+    Op("recall", _parse_recall, cost=_store_cost),
     Op("typing", _parse_typing),
     Op("presence_sub", _parse_presence(True), cost=_presence_cost),
     Op("presence_unsub", _parse_presence(False), cost=_presence_cost),

@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
+from core.ratelimit import KeyedBuckets
 from core.ttl_cache import TtlCache
 from gateway.errors import ProtocolError
 from store.ports import QuotaStore, RelationStore
@@ -53,6 +54,11 @@ class Privacy:
 class RelationLimits:
     defaults: Privacy = Privacy()
     new_convs_per_day: int = 500
+    # Users a user may have looked up (privacy, blocks, contacts: MongoDB reads
+    # when the node does not remember them) for typing, receipts and presence,
+    # per second per node and saved up at most; 0: no limit.
+    lookup_rate: float = 20.0
+    lookup_burst: int = 1000
 
 
 def check_changes(changes: Mapping[str, str]) -> None:
@@ -81,6 +87,7 @@ class Relations:
         self._blocks: TtlCache[tuple[str, str], tuple[bool, float]] = TtlCache()
         self._contacts: TtlCache[tuple[str, str], tuple[bool, float]] = TtlCache()
         self._sent: TtlCache[tuple[str, str], bool] = TtlCache()
+        self._lookups = KeyedBuckets(limits.lookup_rate, limits.lookup_burst)
 
     # -- settings ------------------------------------------------------------------
     async def privacy(self, users: Sequence[str]) -> dict[str, Privacy]:
@@ -208,6 +215,17 @@ class Relations:
         # allows more): one that remembered the pair as no contacts, because a
         # check of it failed there in the last CACHE_S, may refuse until then.
         self._contacts.set((sender, to), (True, now), now + CACHE_S)
+
+    def afford(self, user: str, targets: Sequence[str]) -> bool:
+        """Whether ``user`` may have ``targets`` looked up now: each the node does
+        not remember costs a token of the user's lookup budget (a stranger's
+        settings are MongoDB reads); typing, receipts and presence spend it."""
+        now = self.clock()
+        misses = sum(1 for t in dict.fromkeys(targets) if not self._privacy.get(t, now)[0])
+        if misses == 0 or self._lookups.take(user, now, misses):
+            return True
+        self.refused("relation_lookups")
+        return False
 
     async def may_reach(self, sender: str, to: str) -> bool:
         """Typing and receipts: only where a 1:1 send would be allowed (quota aside)."""

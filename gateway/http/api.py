@@ -237,6 +237,9 @@ def _messages(app: FastAPI, deps: HttpDeps) -> None:
         names = user_list(users, MAX_PRESENCE_USERS)
         if deps.ops is None:
             raise ProtocolError("unavailable", "presence is not served here")
+        if deps.ops.relations is not None and not deps.ops.relations.afford(user, names):
+            raise ProtocolError("rate_limited", "too many users looked up; slow down "
+                                "(IM_RELATION_LOOKUP_RATE)")
         return JSON({"users": await deps.ops.presence_state(user, names)})
 
     @app.delete("/v1/messages/{mid}", response_model=Ok, responses={**READ, **errors(404)})

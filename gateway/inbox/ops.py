@@ -62,6 +62,9 @@ class MessageOps:
         A user whose presence the caller may not see is ``{"hidden": true}`` and
         not watched: no change of it is ever pushed to the caller."""
         await self.watchers.precheck(client, users, rid)  # at the cap: refused before any read
+        if self.relations is not None and not self.relations.afford(client.user, users):
+            raise ProtocolError("rate_limited", "too many users looked up; slow down "
+                                "(IM_RELATION_LOOKUP_RATE)")
         shown = await self.visible(client.user, users)
         await self.watchers.watch(client, [u for u in users if u in shown], rid)
         return await self.presence_state(client.user, users, shown)
@@ -101,8 +104,9 @@ class MessageOps:
         binding to the members online, from a connection bound to the group."""
         if conv == user:
             return
-        if not conv.startswith(GROUP_PREFIX) and self.relations is not None and \
-                not await self.relations.may_reach(user, conv):
+        if not conv.startswith(GROUP_PREFIX) and self.relations is not None and (
+                not self.relations.afford(user, [conv])
+                or not await self.relations.may_reach(user, conv)):
             return  # dropped silently, as a send there would be refused
         if not self._typing.allow((user, conv), time.monotonic()):
             return
@@ -121,7 +125,8 @@ class MessageOps:
         unread = await self.conversations.mark_read(user, conv, mid)
         told = [(user, frames.read(conv, mid, unread))]
         if not conv.startswith(GROUP_PREFIX) and (
-                self.relations is None or await self.relations.may_reach(user, conv)):
+                self.relations is None or (self.relations.afford(user, [conv])
+                                           and await self.relations.may_reach(user, conv))):
             told.append((conv, frames.receipt(user, mid)))
         await self.notifier.push_frames(told, skip_conn)
         return unread

@@ -170,3 +170,16 @@ async def test_bad_settings_are_refused() -> None:
     await rel.settings("ann")  # a read tells no node anything
     await rel.set_privacy("ann", {"dm": "contacts"})
     assert told == [["ann"]]
+
+
+async def test_lookups_of_users_the_node_does_not_remember_are_budgeted() -> None:
+    rel, _, clock, refused = build(lookup_rate=10.0, lookup_burst=100)
+    strangers = [f"s{i}" for i in range(100)]
+    assert rel.afford("mallory", strangers)  # the burst: 100 lookups
+    assert not rel.afford("mallory", ["s100"]) and refused == ["relation_lookups"]
+    assert rel.afford("alice", ["s100"])  # another user's budget is its own
+    await rel.visible("mallory", strangers[:5])  # now remembered: free
+    assert rel.afford("mallory", strangers[:5])
+    clock.now += 1.0  # ten more a second
+    assert rel.afford("mallory", [f"t{i}" for i in range(10)])
+    assert not rel.afford("mallory", ["t10"])

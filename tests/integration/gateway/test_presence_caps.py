@@ -51,7 +51,7 @@ async def test_the_cap_is_per_user_across_its_connections_on_two_nodes(make_node
 
 
 async def test_many_watches_bind_at_most_one_key_per_shard(make_node, connect):
-    n1 = await make_node(presence_subs_max=6000, **FAST)
+    n1 = await make_node(presence_subs_max=6000, relation_lookup_burst=6000, **FAST)
     n2, n3 = await make_node(**FAST), await make_node(**FAST)
     await settle(n1, n2, n3)
     w, v = uid("w"), uid("v")
