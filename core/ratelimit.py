@@ -32,6 +32,12 @@ class TokenBucket:
             return True
         return False
 
+    def debit(self, now: float, n: float) -> None:
+        """Spend ``n`` more for work already done (the bucket may go below zero,
+        at most a burst: the next calls wait until it refills)."""
+        self.take(now, 0.0)  # refill to now
+        self.tokens = max(-self.burst, self.tokens - n)
+
 
 class KeyedBuckets:
     """A token bucket per key (a user), pure (the clock is passed in). Buckets are kept
@@ -60,6 +66,15 @@ class KeyedBuckets:
         self._drop_idle(now)
         return allowed
 
+    def debit(self, user: str, now: float, n: float) -> None:
+        """``user`` spends ``n`` more for a call that turned out to cost more."""
+        if self.rate <= 0 or n <= 0:
+            return
+        bucket = self._buckets.get(user)
+        if bucket is None:
+            bucket = self._buckets[user] = TokenBucket(self.rate, self.burst, now)
+        bucket.debit(now, n)
+
     def retry_after(self, user: str) -> int:
         """Whole seconds until ``user`` has a token again (at least 1)."""
         bucket = self._buckets.get(user)
@@ -69,6 +84,7 @@ class KeyedBuckets:
     def _drop_idle(self, now: float) -> None:
         while self._buckets:
             user, oldest = next(iter(self._buckets.items()))
-            if len(self._buckets) <= self.max_users and now - oldest.stamp < self.refill_s:
+            full_in = (oldest.burst - oldest.tokens) / self.rate  # a debited one: longer
+            if len(self._buckets) <= self.max_users and now - oldest.stamp < full_in:
                 return
             del self._buckets[user]

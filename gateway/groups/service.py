@@ -296,11 +296,12 @@ class GroupService:
         return [group_frame(m) for m in page], cursor
 
     async def sync_rd(self, user: str, since: int, limit: int
-                      ) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:
+                      ) -> tuple[list[tuple[int, dict[str, Any]]], int | None, int]:
         """(mid, frame) of read-diffused group messages after ``since`` (write-diffused
         ones are in the user's own offline store and box), oldest first, at most
         ``limit + 1`` (one more than a page: "more" is known); and the cut
-        (``inbox.RdPlan``): the page stops below it.
+        (``inbox.RdPlan``): the page stops below it; and how many groups the
+        user is in (the call's cost grows with it).
 
         The groups' indexes say which groups hold the next messages, so at most
         ``SYNC_GROUP_READS`` groups are read from MongoDB, whatever the number of
@@ -308,11 +309,11 @@ class GroupService:
         ``since`` is read as well (and its index rebuilt for the next call)."""
         mine = await self.cache.user_groups(user)
         if not mine:
-            return [], None
+            return [], None, 0
         states = await self.cache.states(mine, last=False)
         busy = inbox.busy_groups({g: st.rdmid for g, st in states.items()}, since)
         if not busy:
-            return [], None
+            return [], None, len(mine)
         indexed = await self.cache.rd_after({g: mine[g].from_seq for g in busy}, since,
                                             limit + 1)
         unknown = [g for g in busy if indexed[g] is None]
@@ -328,17 +329,17 @@ class GroupService:
         rows = inbox.merge_group_pages(
             [[(m.mid, group_frame(m)) for m in page if cut is None or m.mid < cut]
              for page in pages], limit + 1)
-        return rows, cut
+        return rows, cut, len(mine)
 
     async def conversation_rows(self, user: str, limit: int, after: Position | None = None
-                                ) -> tuple[int, list[tuple[Position, dict[str, Any]]]]:
+                                ) -> tuple[int, list[tuple[Position, dict[str, Any]]], int]:
         """(total unread over the user's groups, [(position, row)]): the ``limit +
         1`` newest groups after ``after``. Every group's numbers are read (one
         small hash read each, for the total), the newest message only of the
-        groups listed."""
+        groups listed; and how many groups the user is in."""
         mine = await self.cache.user_groups(user)
         if not mine:
-            return 0, []
+            return 0, [], 0
         states = await self.cache.states(mine, last=False)
         total = 0
         marks: list[tuple[Position, int]] = []
@@ -356,4 +357,4 @@ class GroupService:
             last = known.last if known is not None and mid else None
             rows.append(((mid, conv), {"conv": conv, "unread": unread,
                                        "last": orjson.Fragment(last) if last else None}))
-        return total, rows
+        return total, rows, len(mine)

@@ -20,6 +20,7 @@ SDK it imports (``clients/js/src``) at ``/demo/sdk/``, static files outside
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path as FsPath
@@ -36,6 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.errors import Unavailable
 from core.ids import MAX_MID
+from core.ratelimit import KeyedBuckets
 from core.seek_cursor import MAX_CURSOR
 from gateway.auth import Token, TokenVerifier
 from gateway.chat.service import ChatService
@@ -116,8 +118,11 @@ def build_http(deps: HttpDeps) -> FastAPI:
                   redoc_url=None, redirect_slashes=False, separate_input_output_schemas=False)
     _install_error_handlers(app)
     _install_openapi(app)
+    buckets = KeyedBuckets(deps.limits.rate, deps.limits.burst)
+    deps.conversations.spend = lambda user, n: buckets.debit(user, time.monotonic(), n)
     app.add_middleware(HttpGuard, verifier=deps.verifier, limits=deps.limits,
                        routes=app.router.routes, api_keys=deps.api_keys, admit=deps.admit,
+                       buckets=buckets,
                        count=lambda route, status: deps.metrics.http_requests.labels(
                            route, str(status)).inc())
     if deps.cors_origins:  # outermost: a preflight is answered before the guard's token check

@@ -80,14 +80,16 @@ class HttpGuard:
     def __init__(self, app: ASGIApp, *, verifier: TokenVerifier, limits: HttpLimits,
                  routes: Sequence[BaseRoute], count: Callable[[str, int], None],
                  clock: Callable[[], float] = time.monotonic, api_keys: Sequence[str] = (),
-                 admit: Callable[[Token], Awaitable[None]] | None = None) -> None:
+                 admit: Callable[[Token], Awaitable[None]] | None = None,
+                 buckets: KeyedBuckets | None = None) -> None:
         self.app = app
         self.verifier = verifier
         self.limits = limits
         self.routes = routes
         self.count = count
         self.clock = clock
-        self.buckets = KeyedBuckets(limits.rate, limits.burst)
+        # each user's calls; a handler whose call cost more than one debits it
+        self.buckets = buckets or KeyedBuckets(limits.rate, limits.burst)
         self.api_keys = tuple(k.encode() for k in api_keys)
         self.admit = admit
 

@@ -24,6 +24,9 @@ from gateway.groups.service import GroupService
 __all__ = ["Conversations", "SyncPage"]
 
 GROUP_PREFIX = "g:"
+# A user's sync or conversation list reads each of its groups' numbers: a call
+# costs one more call of its HTTP budget per this many groups.
+GROUPS_PER_CALL = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,10 @@ class Conversations:
         self.sync_settle_ms = sync_settle_ms
         # The oldest mid a send on any node may still store (``core.inflight``).
         self.low_mark = low_mark
+        # (user, n): the call was worth n more calls of the user's HTTP budget (a
+        # user in many groups: its lists read every group's numbers). Set by the
+        # HTTP API; a no-op elsewhere.
+        self.spend: Callable[[str, float], None] = lambda _user, _n: None
 
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
         """Read up to ``mid``; returns the conversation's unread count after it."""
@@ -58,7 +65,8 @@ class Conversations:
         """Messages after ``since``, oldest first: the user's own store (1:1 and
         write-diffused groups) merged with its read-diffused groups."""
         rows = await self.chat.sync_rows(user, since, limit + 1)
-        extra, cut = await self.groups.sync_rd(user, since, limit)
+        extra, cut, groups = await self.groups.sync_rd(user, since, limit)
+        self.spend(user, groups / GROUPS_PER_CALL)
         if cut is not None:  # the groups' side stopped below it: so does this page
             rows = [r for r in rows if r[0] < cut]
         msgs, mids, more = inbox.merge_sync(rows, extra, limit)
@@ -75,7 +83,9 @@ class Conversations:
         total covers both. ``cursor``: the previous page's."""
         after = None if cursor is None else _position(user, cursor)
         total, direct = await self.chat.conversation_rows(user, limit, after)
-        group_total, group_rows = await self.groups.conversation_rows(user, limit, after)
+        group_total, group_rows, groups = await self.groups.conversation_rows(
+            user, limit, after)
+        self.spend(user, groups / GROUPS_PER_CALL)
         rows, last = inbox.conversation_page([*direct, *group_rows], limit, after)
         return {"total_unread": total + group_total, "conversations": rows,
                 "cursor": None if last is None else encode_cursor(

@@ -229,3 +229,12 @@ async def test_a_sync_leaves_out_what_came_before_joining(world: World) -> None:
     late = [(await world.groups.send("carol", g, f"l{k}", k)).mid for k in range(3)]
     mids, _ = await _sync_all(world, "bob", 2)
     assert mids == late and not set(early) & set(mids)
+
+
+async def test_lists_spend_by_the_number_of_groups(world: World) -> None:
+    spent: list[tuple[str, float]] = []
+    world.conversations.spend = lambda user, n: spent.append((user, n))
+    await groups_of_bob(world)
+    await world.conversations.conversations("bob", 10)
+    await world.conversations.sync("bob", 0, 10)
+    assert spent == [("bob", 0.02), ("bob", 0.02)]  # two groups: 2 / GROUPS_PER_CALL each
