@@ -78,10 +78,16 @@ class HttpClient:
                 if self._writer is None:
                     await self._open()
                 return await self._exchange(data, method)
-            except (OSError, asyncio.IncompleteReadError, ValueError):
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                    ValueError) as exc:
                 self._drop()
                 # A kept-alive connection the server closed meanwhile: once more.
                 if not reused or attempt:
+                    if isinstance(exc, asyncio.IncompleteReadError):  # as documented: OSError
+                        raise ConnectionError("the node closed the connection before "
+                                              "answering") from exc
+                    if isinstance(exc, asyncio.LimitOverrunError):
+                        raise ValueError("response head too large") from exc
                     raise
         raise AssertionError("unreachable")
 

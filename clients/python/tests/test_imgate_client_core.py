@@ -375,6 +375,32 @@ def test_http_client_reads_chunked_and_sized_answers_on_one_connection():
         loop.close()
 
 
+def test_http_a_node_closing_before_answering_is_an_oserror():
+    """The documented OSError (a sync retries on it), never asyncio's
+    IncompleteReadError: that one once stopped the client's connection loop."""
+    async def run() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.close()  # no answer
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        h = HttpClient(f"http://127.0.0.1:{port}", timeout=5)
+        try:
+            with pytest.raises(ConnectionError):
+                await h.json("GET", "/v1/sync", params={"since": 0})
+        finally:
+            await h.close()
+            server.close()
+            await server.wait_closed()
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
+
+
 def test_client_next_url_chooses_where_to_reconnect_and_failed_opens_say_so():
     from imgate_client import Client, ConnectionLost
     from imgate_client.core import Backoff, ReconnectPolicy
