@@ -89,7 +89,7 @@ class HttpGuard:
         self.count = count
         self.clock = clock
         # each user's calls; a handler whose call cost more than one debits it
-        self.buckets = buckets or KeyedBuckets(limits.rate, limits.burst)
+        self.buckets = buckets if buckets is not None else KeyedBuckets(limits.rate, limits.burst)
         self.api_keys = tuple(k.encode() for k in api_keys)
         self.admit = admit
 
