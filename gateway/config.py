@@ -51,9 +51,10 @@ class Settings:
     user_key_ttl_s: int = 7 * 86_400
     dep_timeout_s: float = 2.0  # per Redis / Mongo operation
     sync_settle_ms: int = 1000  # sync cursors do not pass in-flight sends
-    send_rate: float = 200.0  # sends per second per user on a node (token bucket)
-    send_burst: int = 400
-    max_inflight: int = 64  # concurrent ops per user on a node
+    # A person sends a few messages a second at most; bots use the server API.
+    send_rate: float = 20.0  # sends per second per user on a node (token bucket)
+    send_burst: int = 100
+    max_inflight: int = 16  # concurrent ops per user on a node
     write_buffer_max: int = 1 << 20  # bytes queued on a socket before pushes skip it
     bad_frame_limit: int = 20  # bad frames per connection before close 1008
     op_rate: float = 300.0  # frames per second per user on a node, every op (recv_ack costs more)
