@@ -32,6 +32,7 @@ from core.ids import mid_time_ms
 from core.inbox import Position
 from core.inflight import InFlight
 from core.paging import seek_page
+from core.ttl_cache import TtlCache
 from gateway.chat.claims import Claims
 from gateway.chat.service import REPUSH_WINDOW_S, IdSource
 from gateway.config import Settings
@@ -41,7 +42,7 @@ from gateway.groups.diffusion import GroupDiffusion
 from gateway.metrics import NodeMetrics
 from store.errors import GroupGone
 from store.ports import GroupCache, GroupStore, OfflineStore
-from store.records import Erasure, GroupMessage, Membership
+from store.records import Erasure, GroupMessage, GroupState, Membership
 
 __all__ = ["GroupSendResult", "GroupService"]
 
@@ -49,6 +50,11 @@ log = logging.getLogger("gateway.groups.service")
 # Groups a sync reads from MongoDB in one call (those holding its next
 # messages, known from their indexes): its work whatever the user's groups.
 SYNC_GROUP_READS = 16
+# A user in this many groups or more has its groups' numbers, as its
+# conversation list read them, kept for VIEW_S on the node (dropped by its own
+# reads and sends here): a list asked for again and again reads them once.
+VIEW_MIN_GROUPS = 200
+VIEW_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +116,8 @@ class GroupService:
             max_pending=limits.pending_max, linger_s=limits.mongo_linger_ms / 1000,
             observe=metrics.stage_observer("group"))
         self._repairs: set[asyncio.Task[None]] = set()
+        self._views: TtlCache[str, tuple[dict[str, Membership], dict[str, GroupState]]] = \
+            TtlCache(10_000)
 
     # -- send ----------------------------------------------------------------------
     async def send(self, sender: str, group: str, cmid: str, body: Any, *,
@@ -206,6 +214,8 @@ class GroupService:
                                  for g, m in summary.newest.items()], summary.reads,
                                 [(s.msg.group, s.msg.mid, s.msg.seq) for s in stored
                                  if not s.msg.wd])
+        for user, _, _ in summary.reads:  # its own messages are read: its list changed
+            self._views.drop(user)
         self._later(self.store.set_reads(summary.reads))  # only Redis' rebuild needs it
         await self.offline.deliver([], [(s.msg.sender, s.msg.cmid,
                                          dedup.done(s.msg.mid, s.msg.seq)) for s in stored],
@@ -277,6 +287,7 @@ class GroupService:
 
     async def read(self, user: str, group: str, mid: int) -> int:
         """Read up to ``mid``; returns the group's unread count after it."""
+        self._views.drop(user)
         from_seq, _ = await self._membership(user, group)
         seq = await self.store.seq_of(group, mid)
         if seq is None:
@@ -294,6 +305,19 @@ class GroupService:
         msgs = await self.store.page(group, from_seq=from_seq, before=before, limit=limit + 1)
         page, cursor = seek_page(msgs, limit, lambda m: m.mid)
         return [group_frame(m) for m in page], cursor
+
+    async def _view(self, user: str) -> tuple[dict[str, Membership], dict[str, GroupState]]:
+        """The user's groups and their numbers (``VIEW_S`` old at most for a user
+        in ``VIEW_MIN_GROUPS`` groups or more)."""
+        now = time.monotonic()
+        found, view = self._views.get(user, now)
+        if found and view is not None:
+            return view
+        mine = await self.cache.user_groups(user)
+        states = await self.cache.states(mine, last=False) if mine else {}
+        if len(mine) >= VIEW_MIN_GROUPS:
+            self._views.set(user, (mine, states), now + VIEW_S)
+        return mine, states
 
     async def sync_rd(self, user: str, since: int, limit: int
                       ) -> tuple[list[tuple[int, dict[str, Any]]], int | None, int]:
@@ -337,10 +361,9 @@ class GroupService:
         1`` newest groups after ``after``. Every group's numbers are read (one
         small hash read each, for the total), the newest message only of the
         groups listed; and how many groups the user is in."""
-        mine = await self.cache.user_groups(user)
+        mine, states = await self._view(user)
         if not mine:
             return 0, [], 0
-        states = await self.cache.states(mine, last=False)
         total = 0
         marks: list[tuple[Position, int]] = []
         for g, st in states.items():

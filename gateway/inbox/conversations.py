@@ -24,9 +24,10 @@ from gateway.groups.service import GroupService
 __all__ = ["Conversations", "SyncPage"]
 
 GROUP_PREFIX = "g:"
-# A user's sync or conversation list reads each of its groups' numbers: a call
-# costs one more call of its HTTP budget per this many groups.
-GROUPS_PER_CALL = 100
+# A user's sync reads each of its groups' numbers: a call costs one more call
+# of its HTTP budget per this many groups (its conversation list, asked for
+# again and again, reads them once: GroupService's view).
+GROUPS_PER_CALL = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ class Conversations:
         # user in many groups: its lists read every group's numbers). Set by the
         # HTTP API; a no-op elsewhere.
         self.spend: Callable[[str, float], None] = lambda _user, _n: None
+        self.groups_per_call = GROUPS_PER_CALL
 
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
         """Read up to ``mid``; returns the conversation's unread count after it."""
@@ -66,7 +68,7 @@ class Conversations:
         write-diffused groups) merged with its read-diffused groups."""
         rows = await self.chat.sync_rows(user, since, limit + 1)
         extra, cut, groups = await self.groups.sync_rd(user, since, limit)
-        self.spend(user, groups / GROUPS_PER_CALL)
+        self.spend(user, groups / self.groups_per_call)
         if cut is not None:  # the groups' side stopped below it: so does this page
             rows = [r for r in rows if r[0] < cut]
         msgs, mids, more = inbox.merge_sync(rows, extra, limit)
@@ -83,9 +85,7 @@ class Conversations:
         total covers both. ``cursor``: the previous page's."""
         after = None if cursor is None else _position(user, cursor)
         total, direct = await self.chat.conversation_rows(user, limit, after)
-        group_total, group_rows, groups = await self.groups.conversation_rows(
-            user, limit, after)
-        self.spend(user, groups / GROUPS_PER_CALL)
+        group_total, group_rows, _ = await self.groups.conversation_rows(user, limit, after)
         rows, last = inbox.conversation_page([*direct, *group_rows], limit, after)
         return {"total_unread": total + group_total, "conversations": rows,
                 "cursor": None if last is None else encode_cursor(

@@ -237,4 +237,24 @@ async def test_lists_spend_by_the_number_of_groups(world: World) -> None:
     await groups_of_bob(world)
     await world.conversations.conversations("bob", 10)
     await world.conversations.sync("bob", 0, 10)
-    assert spent == [("bob", 0.02), ("bob", 0.02)]  # two groups: 2 / GROUPS_PER_CALL each
+    assert spent == [("bob", 0.002)]  # the sync: two groups, 2 / GROUPS_PER_CALL
+
+
+async def test_a_list_of_many_groups_reads_their_numbers_once_in_a_while(world: World) -> None:
+    from gateway.groups import service
+    service.VIEW_MIN_GROUPS, old = 2, service.VIEW_MIN_GROUPS
+    try:
+        big, small = await groups_of_bob(world)
+        cache = world.stores.group_cache
+        first = await world.conversations.conversations("bob", 10)
+        reads = cache.calls["states"]
+        again = await world.conversations.conversations("bob", 10)
+        assert again == first and cache.calls["states"] == reads + 1  # the page's lasts only
+        # bob's own read drops the view: the next list sees it at once.
+        await world.groups.send("carol", big, "g1", "g1")
+        await world.conversations.mark_read("bob", f"g:{big}", (await world.groups.send(
+            "carol", big, "g2", "g2")).mid)
+        after = await world.conversations.conversations("bob", 10)
+        assert after["total_unread"] == 0 and cache.calls["states"] > reads + 2
+    finally:
+        service.VIEW_MIN_GROUPS = old
