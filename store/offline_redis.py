@@ -249,7 +249,9 @@ class OfflineRedis:
         async with redis_guard():
             pipe = self.redis.pipeline(transaction=False)
             for conv in unmarked:
-                pipe.unlink(self.keys.legacy_unread_mids(user, conv))
+                # DEL staged as a plain command: redis-py's cluster pipeline would not
+                # stage an unlink (a coroutine) nor a delete across slots
+                pipe.execute_command("DEL", self.keys.legacy_unread_mids(user, conv))
             pipe.hdel(self.keys.inbox_meta(user), *counted)
             await pipe.execute()
         return marks

@@ -166,8 +166,12 @@ def _check_poison(poison_replies: dict[str, Any], stored: dict[str, Any]) -> Non
             assert stored[cmid] == json.loads(body), (cmid, stored[cmid])
 
 
+# Bursts of 200 sends from one user: past the default send budget, not the point here.
+BURSTS = {"send_rate": 1000, "send_burst": 1000}
+
+
 async def test_poison_bodies_fail_only_themselves_in_1to1(node_process):
-    proc = await node_process(metrics_public=1)
+    proc = await node_process(metrics_public=1, **BURSTS)
     a, b, c = uid("a"), uid("b"), uid("c")
     da, db = await Device.open(proc.ws_port, token(a)), await Device.open(proc.ws_port, token(b))
     replies, poison = await _poison_run(proc, "send", da, db, ("to", c), ("to", c))
@@ -189,7 +193,7 @@ async def test_poison_bodies_fail_only_themselves_in_1to1(node_process):
 
 
 async def test_poison_bodies_leave_no_gap_in_a_group(node_process):
-    proc = await node_process(metrics_public=1)
+    proc = await node_process(metrics_public=1, **BURSTS)
     a, b, c = uid("a"), uid("b"), uid("c")
     async with httpx.AsyncClient(base_url=proc.http_url,
                                  headers={"Authorization": f"Bearer {token(a)}"}) as h:
