@@ -7,6 +7,7 @@ as ``client``; the owner closes it. Without one, the user has its own.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,8 @@ import httpx
 from testkit.tokens import issue_token
 
 __all__ = ["HttpError", "HttpUser", "HttpUsers", "http_url"]
+
+UNAVAILABLE_TRIES = 3
 
 
 class HttpError(RuntimeError):
@@ -55,8 +58,14 @@ class HttpUser:
         return await self.request("DELETE", path, **kw)
 
     async def ok(self, method: str, path: str, **kw: Any) -> Any:
-        """The decoded answer; HttpError unless it is a 200."""
-        r = await self.request(method, path, **kw)
+        """The decoded answer; HttpError unless it is a 200. A 503 (``unavailable``:
+        a store that timed out under the test run's load) is asked again, as a
+        client does, at most ``UNAVAILABLE_TRIES`` times."""
+        for attempt in range(UNAVAILABLE_TRIES):
+            r = await self.request(method, path, **kw)
+            if r.status_code != 503 or attempt == UNAVAILABLE_TRIES - 1:
+                break
+            await asyncio.sleep(0.5 * (attempt + 1))
         if r.status_code != 200:
             raise HttpError(r)
         return r.json()
