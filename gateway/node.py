@@ -24,7 +24,7 @@ from websockets.asyncio.server import Server, serve
 from core.errors import Unavailable
 from gateway import frames
 from gateway.app import App, Step, compose
-from gateway.chat.dead_sends import DeadSends
+from gateway.chat.dead_sends import CLAIM_TTL_S, DeadSends
 from gateway.config import Settings
 from gateway.frames import conversation_last, encode_group
 from gateway.http.api import build_metrics_http
@@ -82,7 +82,9 @@ class Node:
         self._routes_lost_after: float | None = None  # set while routes are to be rewritten
         self._beat_failed = False  # a beat failed since the last one Redis answered
         self._dead_marks: list[str] = []  # dead nodes' in-flight entries, dropped next time
-        self._dead_sends = DeadSends(lambda *span: self.app.chat.redeliver(*span))
+        self._dead_sends = DeadSends(
+            lambda *span: self.app.chat.redeliver(*span),
+            lambda dead: self.stores.nodes.claim_dead(dead, self.name, CLAIM_TTL_S))
         self._app: App | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._ws_server: Server | None = None

@@ -224,3 +224,8 @@ class Keys:
     def inflight(self) -> str:
         """Sorted set: node name -> the oldest mid its sends may still store."""
         return f"{self.ns}:inflight"
+
+    def dead_sends_claim(self, node: str) -> str:
+        """String, short-lived: the live node putting a dead node's sends right
+        (one at a time reads the store for them)."""
+        return f"{self.ns}:dsc:{node}"

@@ -80,3 +80,11 @@ class NodeDirectoryRedis:
             pipe.zrange(key, 0, -1, withscores=True)
             *_, marks = await pipe.execute()
         return {n.decode(): int(score) for n, score in marks}
+
+    async def claim_dead(self, dead: str, node: str, ttl_s: float) -> bool:
+        """``SET NX PX``: one live node at a time reads a dead node's sends back."""
+        key = self.keys.dead_sends_claim(dead)
+        async with redis_guard():
+            if await self.redis.set(key, node, nx=True, px=max(1, int(ttl_s * 1000))):
+                return True
+            return await self.redis.get(key) == node.encode()

@@ -257,6 +257,11 @@ class NodeDirectory(Protocol):
         """Publish ``node``'s oldest mid in flight, drop ``forget``'s, read all."""
         ...
 
+    async def claim_dead(self, dead: str, node: str, ttl_s: float) -> bool:
+        """Whether ``node`` now holds the claim on redelivering ``dead``'s sends
+        (taken, or already its own); the claim lapses after ``ttl_s``."""
+        ...
+
 
 class LeaseKeeper(Protocol):
     """Renews the lease and the heartbeat from a thread of its own, so nothing

@@ -6,9 +6,11 @@ good.
 
 Each node shares the oldest mid it has in flight (``core.inflight``); every
 node holds its sync cursors below the others' marks. When a node is seen
-dead, each live node redelivers what the dead one stored from its mark on
-(``ChatService.redeliver``: idempotent) and keeps holding its cursors below
-that mark until it has; only then is the mark forgotten.
+dead, one live node at a time (the holder of a short claim in Redis)
+redelivers what the dead one stored from its mark on (``ChatService.redeliver``:
+idempotent) and then forgets the mark; every live node holds its cursors below
+that mark until it is forgotten. The claim keeps the read of the store to one
+node per death; if its holder dies too, the claim lapses and another takes it.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from core.errors import Unavailable
 from core.ids import mid_for_time_ms
 
-__all__ = ["DeadSends", "node_number"]
+__all__ = ["CLAIM_TTL_S", "DeadSends", "node_number"]
 
 log = logging.getLogger("gateway.chat.dead_sends")
 _NAME = re.compile(r"n(\d+)-")
 RETRY_MAX_S = 5.0
+CLAIM_TTL_S = 60.0  # a claim outlives any redelivery its holder can still be doing
 
 
 def node_number(name: str) -> int | None:
@@ -38,8 +41,10 @@ def node_number(name: str) -> int | None:
 
 class DeadSends:
     def __init__(self, redeliver: Callable[[int, int, int], Awaitable[int]],
+                 claim: Callable[[str], Awaitable[bool]],
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
         self.redeliver = redeliver  # (node id, lowest mid, highest mid) -> how many
+        self.claim = claim  # dead node's name -> whether this node is the one to redeliver
         self.clock_ms = clock_ms
         self._running: dict[str, asyncio.Task[None]] = {}
         self._done: set[str] = set()
@@ -57,6 +62,12 @@ class DeadSends:
 
     async def _put_right(self, name: str, mark: int) -> None:
         try:
+            try:
+                if not await self.claim(name):
+                    return  # another live node is putting it right
+            except Unavailable as exc:
+                log.warning("claiming the redelivery of %s's sends: %s", name, exc)
+                return
             number = node_number(name)
             if number is not None:
                 high = mid_for_time_ms(self.clock_ms())

@@ -46,7 +46,7 @@ log = logging.getLogger("gateway.chat.service")
 # the first ack may have been lost with the node that sent it, and the push
 # with it (devices drop repeats by mid). Older resends are answered only.
 REPUSH_WINDOW_S = 60.0
-REDELIVER_PAGE = 500  # messages read at once when a dead node's sends are put right
+REDELIVER_PAGE = 2000  # messages read at once when a dead node's sends are put right
 
 
 class IdSource(Protocol):

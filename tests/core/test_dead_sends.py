@@ -27,7 +27,10 @@ async def test_a_dead_mark_is_held_until_redelivered_then_forgotten():
         await release.wait()
         return 3
 
-    sends = DeadSends(redeliver, clock_ms=lambda: 1_800_000_000_000)
+    async def claim(name: str) -> bool:
+        return True
+
+    sends = DeadSends(redeliver, claim, clock_ms=lambda: 1_800_000_000_000)
     held, forget = sends.observe({"n7-abc": 100})
     assert held == {"n7-abc": 100} and forget == []
     assert await until(lambda: len(calls) == 2, timeout=5)  # retried after the failure
@@ -38,4 +41,53 @@ async def test_a_dead_mark_is_held_until_redelivered_then_forgotten():
     assert calls[-1][:2] == (7, 100) and calls[-1][2] > 100
     # Once the mark is gone (forgotten by any node), so is what was kept of it.
     assert sends.observe({}) == ({}, [])
+    await sends.close()
+
+
+async def test_only_the_claim_holder_redelivers_the_others_hold_until_it_is_forgotten():
+    calls: list[int] = []
+    claims = {"n7-abc": "other"}  # another live node holds the claim
+    asked: list[str] = []
+
+    async def redeliver(node: int, low: int, high: int) -> int:
+        calls.append(node)
+        return 1
+
+    async def claim(name: str) -> bool:
+        asked.append(name)
+        return claims.setdefault(name, "me") == "me"
+
+    sends = DeadSends(redeliver, claim)
+    assert sends.observe({"n7-abc": 100}) == ({"n7-abc": 100}, [])
+    assert await until(lambda: len(asked) == 1, timeout=5)
+    # Not this node's claim: it keeps holding, and asks again in case the holder dies.
+    assert await until(lambda: sends.observe({"n7-abc": 100}) == ({"n7-abc": 100}, [])
+                       and len(asked) >= 2, timeout=5)
+    assert calls == []
+    # The holder died too: its claim lapsed, and this node takes it next time.
+    del claims["n7-abc"]
+    assert await until(lambda: sends.observe({"n7-abc": 100})[1] == ["n7-abc"], timeout=5)
+    assert calls == [7]
+    # The holder forgot the mark: nothing is held any more.
+    assert sends.observe({}) == ({}, [])
+    await sends.close()
+
+
+async def test_a_claim_that_cannot_be_asked_holds_and_asks_again():
+    down = [True]
+
+    async def claim(name: str) -> bool:
+        if down[0]:
+            raise Unavailable("redis", "down")
+        return True
+
+    async def redeliver(node: int, low: int, high: int) -> int:
+        return 0
+
+    sends = DeadSends(redeliver, claim)
+    assert sends.observe({"n3-x": 5}) == ({"n3-x": 5}, [])
+    await asyncio.sleep(0.01)
+    assert sends.observe({"n3-x": 5}) == ({"n3-x": 5}, [])
+    down[0] = False
+    assert await until(lambda: sends.observe({"n3-x": 5})[1] == ["n3-x"], timeout=5)
     await sends.close()

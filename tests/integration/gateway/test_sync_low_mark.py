@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import time
 
+from core.ids import MidGenerator
 from gateway.node import Node
+from store.keys import Keys
+from store.records import ChatMessage
 from testkit.poll import until
-from tests.conftest import uid
+from tests.conftest import RUN_NS, uid
 
 
 async def _next(h, since: int) -> int:  # type: ignore[no-untyped-def]
@@ -52,3 +55,34 @@ async def test_a_send_that_may_still_land_holds_cursors_until_its_node_closes(
 
     assert await until(passes, 5)
     await b_node.stores.nodes.leave(a_node.name)  # no minute-long ghost for later tests
+
+
+async def test_what_a_dead_node_stored_is_redelivered_by_one_live_node(
+        make_node, http, redis_client) -> None:  # type: ignore[no-untyped-def]
+    """A node killed between storing a 1:1 message and putting it in the users'
+    offline stores: one live node (the claim's holder) puts it there, and the
+    cursors every node held below the dead node's mark move on."""
+    nodes: list[Node] = [await make_node(), await make_node()]
+    a, b = uid("a"), uid("b")
+    ghost_id = 250  # no node of this run leases it: nodes take the lowest free number
+    ghost = f"n{ghost_id}-{uid('ghost')}"
+    mid = MidGenerator(ghost_id).next()
+    # What the dead node left: the message in MongoDB only, its mark, and a
+    # heartbeat that has lapsed.
+    await nodes[0].stores.messages.store_batch([ChatMessage(mid, a, b, "c1", "lost?")])
+    keys = Keys(RUN_NS)
+    await redis_client.zadd(keys.inflight(), {ghost: mid})
+    await redis_client.zadd(keys.nodes(), {ghost: time.time() - 1})
+
+    async def put_right() -> bool:
+        return await redis_client.zscore(keys.inflight(), ghost) is None
+
+    assert await until(put_right, 15)
+    # In the offline store itself (MongoDB alone would serve a sync too, but
+    # only once Redis cannot vouch for the range), and so in b's sync.
+    assert await redis_client.zcount(keys.offline(b), mid, mid) == 1
+    page = (await http(b, nodes[1]).get("/v1/sync", params={"since": 0})).json()
+    assert mid in [m["mid"] for m in page["msgs"]]
+    holder = await redis_client.get(keys.dead_sends_claim(ghost))
+    assert holder is not None and holder.decode() in {n.name for n in nodes}
+    await redis_client.zrem(keys.nodes(), ghost)
