@@ -22,6 +22,7 @@ from typing import Any
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 
+from core.ids import node_of
 from store.errors import Unavailable
 from store.groups_mongo import group_message
 from store.mongo_client import (
@@ -41,8 +42,13 @@ CHUNK = 1000  # mids per $in query
 INDEXES: list[Index] = [
     ("messages", [("from", ASCENDING), ("cmid", ASCENDING)],
      {"unique": True, "name": "sender_cmid"}),
+    # What a node stored in a span of mids (``between``, after the node died).
+    ("messages", [("n", ASCENDING), ("_id", ASCENDING)], {"name": "node_mid"}),
     ("boxes", [("owner", ASCENDING), ("conv", ASCENDING), ("mid", ASCENDING)],
      {"name": "owner_conv_mid"}),
+    # A user's box in mid order (sync, the inbox rebuild): without it a sync
+    # sorts the user's whole box in memory.
+    ("boxes", [("owner", ASCENDING), ("mid", ASCENDING)], {"name": "owner_mid"}),
 ]
 
 
@@ -51,7 +57,9 @@ def box_id(owner: str, mid: int) -> str:
 
 
 def body_doc(m: ChatMessage) -> dict[str, Any]:
-    return {"_id": m.mid, "from": m.sender, "to": m.to, "cmid": m.cmid, "body": m.body}
+    """``n``: the node that issued the mid (its node bits), for ``between``."""
+    return {"_id": m.mid, "n": node_of(m.mid), "from": m.sender, "to": m.to, "cmid": m.cmid,
+            "body": m.body}
 
 
 def chat_message(d: dict[str, Any]) -> ChatMessage:
@@ -186,10 +194,15 @@ class MessagesMongo:
             d = await self.messages.find_one({"_id": mid})
         return None if d is None else chat_message(d)
 
-    async def between(self, low: int, high: int, limit: int) -> list[ChatMessage]:
+    async def between(self, node: int, low: int, high: int, limit: int) -> list[ChatMessage]:
+        """Equality on the node, a range on the mid (the ``node_mid`` index): an
+        ``_id`` range alone would scan the whole collection on SecantusDB, from
+        every page of every redelivery. Bodies stored before the field existed
+        have no ``n`` and are not found."""
         async with mongo_guard():
             return [chat_message(d) async for d in self.messages.find(
-                {"_id": {"$gte": low, "$lte": high}}).sort("_id", ASCENDING).limit(limit)]
+                {"n": node, "_id": {"$gte": low, "$lte": high}}).sort("_id", ASCENDING)
+                .limit(limit)]
 
     async def forget(self, owner: str, mid: int) -> str | None:
         """Remove ``mid`` from ``owner``'s box only; its conversation, or None if

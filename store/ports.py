@@ -112,8 +112,9 @@ class MessageStore(Protocol):
         """The 1:1 message ``mid`` (recalled: without body), or None."""
         ...
 
-    async def between(self, low: int, high: int, limit: int) -> list[ChatMessage]:
-        """1:1 messages with ``low <= mid <= high``, in mid order, at most ``limit``."""
+    async def between(self, node: int, low: int, high: int, limit: int) -> list[ChatMessage]:
+        """1:1 messages whose mids node ``node`` issued with ``low <= mid <=
+        high``, in mid order, at most ``limit``."""
         ...
 
     async def forget(self, owner: str, mid: int) -> str | None:

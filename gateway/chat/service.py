@@ -19,7 +19,7 @@ import orjson
 from core import dedup
 from core.batcher import Batcher
 from core.errors import Unavailable
-from core.ids import mid_time_ms, node_of
+from core.ids import mid_time_ms
 from core.inbox import Position
 from core.inflight import InFlight
 from core.paging import seek_page
@@ -165,8 +165,8 @@ class ChatService:
         Idempotent (``deliver.lua`` counts nothing twice); returns how many."""
         done = 0
         while low <= high:
-            msgs = await self.messages.between(low, high, REDELIVER_PAGE)
-            ours = [m for m in msgs if node_of(m.mid) == node_id and not m.recalled]
+            msgs = await self.messages.between(node_id, low, high, REDELIVER_PAGE)
+            ours = [m for m in msgs if not m.recalled]
             if ours:
                 await self._flush_deliveries([_Outgoing(m, encode(msg_frame(m))) for m in ours])
                 done += len(ours)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from core import dedup
 from core.errors import Unavailable
+from core.ids import node_of
 from store.records import (
     ChatMessage,
     ConversationRow,
@@ -313,10 +314,11 @@ class FakeMessages(Faulty):
         m = self.bodies.get(mid)
         return m if isinstance(m, ChatMessage) else None
 
-    async def between(self, low: int, high: int, limit: int) -> list[ChatMessage]:
+    async def between(self, node: int, low: int, high: int, limit: int) -> list[ChatMessage]:
         self._up("between")
         return [m for mid, m in sorted(self.bodies.items())
-                if low <= mid <= high and isinstance(m, ChatMessage)][:limit]
+                if low <= mid <= high and node_of(mid) == node
+                and isinstance(m, ChatMessage)][:limit]
 
     async def forget(self, owner: str, mid: int) -> str | None:
         """Out of ``owner``'s box only (the body stays for the other side)."""
