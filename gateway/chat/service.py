@@ -177,21 +177,22 @@ class ChatService:
 
     async def _repeat(self, mid: int) -> SendResult:
         """The answer to a resend of an acked ``mid``, with its push again while it
-        is recent (``REPUSH_WINDOW_S``). A store that cannot be read leaves the
-        push out, never the answer: the message is stored and in sync."""
+        is recent (``REPUSH_WINDOW_S``). Its deliveries are redone first
+        (idempotent: ``deliver.lua`` counts nothing twice): the first attempt's
+        ack value can land while a delivery of the same pipeline did not (on a
+        Redis Cluster each master applies its part; one may be down), and that
+        attempt was answered ``unavailable``. So a resend is acked only once the
+        message is in both users' stores; a store that cannot be reached is
+        ``unavailable`` again, and the client asks later."""
         ts = mid_time_ms(mid)
+        msg = await self.messages.get(mid)
+        if msg is None or msg.recalled:
+            return SendResult(mid, ts, None)
+        frame = encode(msg_frame(msg))
+        routes = await self._deliveries.submit(_Outgoing(msg, frame))
         if time.time() * 1000 - ts > REPUSH_WINDOW_S * 1000:
             return SendResult(mid, ts, None)
-        try:
-            msg = await self.messages.get(mid)
-            if msg is None or msg.recalled:
-                return SendResult(mid, ts, None)
-            sender_routes, receiver_routes = await self.routes.lookup([msg.sender, msg.to])
-        except Unavailable as exc:
-            log.warning("no push again for a resent message: %s", exc)
-            return SendResult(mid, ts, None)
-        return SendResult(mid, ts, encode(msg_frame(msg)), sender_routes, receiver_routes,
-                          repeat=True)
+        return SendResult(mid, ts, frame, *routes, repeat=True)
 
     async def _flush_deliveries(
         self, items: list[_Outgoing]
