@@ -25,7 +25,7 @@ from store.groups_redis import GroupCacheRedis
 from store.keeper_redis import LeaseKeeperRedis
 from store.keys import Keys
 from store.messages_mongo import MessagesMongo
-from store.mongo_client import connect_mongo, mongo_guard
+from store.mongo_client import CommandObserver, connect_mongo, mongo_guard
 from store.nodes_redis import NodeDirectoryRedis, NodeLeaseRedis
 from store.offline_redis import OfflineRedis
 from store.posts_mongo import PostsMongo
@@ -80,13 +80,14 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
                 heartbeat_ttl_s: float, room_history: tuple[int, float] = (100, 300.0),
                 encode_group_last: Callable[[GroupMessage], bytes],
                 encode_conv_last: Callable[[ChatMessage, str], bytes],
-                mongo_w: str = "majority") -> Stores:
+                mongo_w: str = "majority",
+                observe_mongo: CommandObserver | None = None) -> Stores:
     """Open the clients (lazily: nothing is sent until a store is used) and
     build the stores. ``encode_group_last`` makes the bytes a group's state
     keeps as its newest message, ``encode_conv_last`` those a 1:1
     conversation keeps for its owner (the client frames, so the gateway's)."""
     redis = connect_redis(redis_url, timeout_s, cluster=redis_cluster)
-    mongo = connect_mongo(mongo_url, timeout_s, mongo_w)
+    mongo = connect_mongo(mongo_url, timeout_s, mongo_w, observe_mongo)
     db = mongo[namespace]
     keys = Keys(namespace)
     messages = MessagesMongo(mongo, namespace)

@@ -2,26 +2,60 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from store.errors import Unavailable
 
-__all__ = ["DUPLICATE_KEY", "Index", "connect_mongo", "ensure_indexes", "insert_each",
-           "insert_idempotent", "mongo_guard"]
+__all__ = ["DUPLICATE_KEY", "CommandObserver", "CommandTimer", "Index", "connect_mongo",
+           "ensure_indexes", "insert_each", "insert_idempotent", "mongo_guard"]
 
 DUPLICATE_KEY = 11000
 # (collection, keys, options): one index a store's collections carry.
 Index = tuple[str, list[tuple[str, int]], dict[str, Any]]
 
 
-def connect_mongo(url: str, timeout_s: float, w: str = "majority"
+# (command, collection, seconds, succeeded): one command the server answered or failed
+CommandObserver = Callable[[str, str, float, bool], None]
+
+
+class CommandTimer(monitoring.CommandListener):
+    """Times every command the client sends, by command and collection, so an
+    operator sees which reads load the store (PyMongo's command monitoring;
+    called on the event loop, a dict operation per event)."""
+
+    def __init__(self, observe: CommandObserver) -> None:
+        self.observe = observe
+        self._started: dict[int, tuple[float, str, str]] = {}  # request id ->
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        target = event.command.get(event.command_name)
+        coll = target if isinstance(target, str) else ""
+        if len(self._started) < 10_000:  # bounded: an event lost by the driver is not kept
+            self._started[event.request_id] = (time.monotonic(), event.command_name, coll)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        self._end(event.request_id, True)
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        self._end(event.request_id, False)
+
+    def _end(self, request_id: int, ok: bool) -> None:
+        start = self._started.pop(request_id, None)
+        if start is not None:
+            t0, name, coll = start
+            self.observe(name, coll, time.monotonic() - t0, ok)
+
+
+def connect_mongo(url: str, timeout_s: float, w: str = "majority",
+                  observe: CommandObserver | None = None
                   ) -> AsyncMongoClient[dict[str, Any]]:
     """A client whose writes are acknowledged only once journaled (``j: true``).
 
@@ -47,6 +81,7 @@ def connect_mongo(url: str, timeout_s: float, w: str = "majority"
         socketTimeoutMS=ms * 2,
         maxPoolSize=32,
         tz_aware=False,
+        event_listeners=[CommandTimer(observe)] if observe is not None else None,
     )
 
 

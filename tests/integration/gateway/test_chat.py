@@ -141,6 +141,18 @@ async def test_healthz_metrics_and_openapi(node, http):
     assert "/v1/sync" in spec["paths"]
 
 
+async def test_every_store_command_is_timed_by_command_and_collection(node, connect, http):
+    a, b = uid("a"), uid("b")
+    ack = await (await connect(node, a)).request("send", to=b, cmid="c1", body="hi")
+    assert ack["op"] == "ack", ack
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{node.metrics_port}") as m:
+        text = (await m.get("/metrics")).text
+    # The send's body insert, counted once at least, as a success.
+    insert = [line for line in text.splitlines() if line.startswith(
+        'im_store_command_seconds_count{collection="messages",command="insert",outcome="ok"}')]
+    assert insert and float(insert[0].split()[-1]) >= 1
+
+
 async def test_the_conversation_list_keeps_a_cut_preview_of_a_large_message(
         node, connect, http):
     a, b = uid("a"), uid("b")
