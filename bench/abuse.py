@@ -275,7 +275,8 @@ class Bench:
             "delivery_b1_b2": latency_summary(delivered, (50, 99)),
             "victim_pushes": dict(Counter(v.counts) - v_pushes),
             "loop_lag_ms": lag_summary(lag), "cpu": cpu,
-            "node_counters": common.metrics_delta(before, after)["counters"]}
+            "node_counters": common.metrics_delta(before, after)["counters"],
+            "store_commands": common.store_time(before, after)}
         if job is not None:
             res["attacker"] = await job
             if "error" in res["attacker"]:

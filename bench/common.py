@@ -360,6 +360,27 @@ def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
             "histograms": histogram_quantiles(diff)}
 
 
+_COMMAND = re.compile(r'im_store_command_seconds_sum\{(.*)\}')
+
+
+def store_time(before: dict[str, float], after: dict[str, float], top: int = 10
+               ) -> list[dict[str, Any]]:
+    """The MongoDB commands a node spent the most time waiting on over a window
+    (``im_store_command_seconds``): labels, count, total and mean seconds."""
+    out: list[dict[str, Any]] = []
+    for key, total in after.items():
+        m = _COMMAND.match(key)
+        if m is None:
+            continue
+        spent = total - before.get(key, 0.0)
+        count_key = "im_store_command_seconds_count{" + m.group(1) + "}"
+        n = after.get(count_key, 0.0) - before.get(count_key, 0.0)
+        if n > 0:
+            out.append({"command": m.group(1), "count": int(n), "seconds": round(spent, 2),
+                        "mean_ms": round(spent / n * 1000, 1)})
+    return sorted(out, key=lambda r: -r["seconds"])[:top]
+
+
 _BUCKET = re.compile(r'(\w+)_bucket\{(.*)\}')
 _LE = re.compile(r',?le="([^"]+)",?')
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,6 +35,7 @@ from testkit.nemesis.config import NemesisConfig
 from testkit.nemesis.faults import FaultInjector
 from testkit.nemesis.history import History, now
 from testkit.nemesis.schedule import Fault, ci_schedule, long_schedule
+from testkit.nemesis.store_load import StoreLoad
 from testkit.nemesis.workload import Workload
 
 __all__ = ["MUST_BE_ZERO", "Fault", "Nemesis", "NemesisConfig", "ci_schedule", "dump",
@@ -53,6 +55,8 @@ class Nemesis:
         self.cluster = Cluster(cfg)
         self.injector = FaultInjector(self.cluster)
         self.workload = Workload(cfg, self.cluster, self.rng)
+        self.store_load = StoreLoad(lambda: [(sl.running.pid, sl.http_url)
+                                             for sl in self.cluster.live_slots()])
         self.t0 = 0.0
 
     @property
@@ -81,13 +85,21 @@ class Nemesis:
     async def _traffic_and_check(self) -> dict[str, Any]:
         self.t0 = now()
         self.workload.start_traffic()
+        self.store_load.start()
         await self.injector.run_schedule(self.cfg.schedule, self.t0)
         left = self.t0 + self.cfg.seconds - now()
         if left > 0:
             await asyncio.sleep(left)
         t_stop = now()
         cancelled = await self.workload.stop_traffic()
-        report = await self.check()
+        try:
+            report = await self.check()
+        finally:
+            load = await self.store_load.stop()
+            print("store commands by time waited (all node processes):",
+                  *(f"  {r['seconds']:8.1f} s {r['count']:8d} x {r['mean_ms']:8.1f} ms  "
+                    f"{r['command']}" for r in load), sep="\n", file=sys.stderr)
+        report["store_commands"] = load
         report["pumps_cancelled"] = cancelled
         report["traffic_s"] = round(t_stop - self.t0, 1)
         return report

@@ -96,7 +96,7 @@ class Cluster:
             assert self.redis is not None
             redis_url, cluster = self.redis.url, 0
         return node_env(namespace=self.ns, auth_secret=SECRET, ws_port=slot.ws_port,
-                        http_port=slot.http_port, metrics_port=-1,
+                        http_port=slot.http_port, metrics_port=-1, metrics_public=1,
                         redis_url=redis_url, redis_cluster=cluster, mongo_url=self.mongo_url,
                         amqp_url=self.amqp_through(slot.proxy), heartbeat_s=0.5,
                         heartbeat_ttl_s=2.0, dep_timeout_s=1.0, room_rate_cap=0,

@@ -1,0 +1,65 @@
+"""What the nodes waited on MongoDB for during a run: each node process's
+``im_store_command_seconds`` read every few seconds (a process killed with
+SIGKILL keeps its last reading), summed by command and collection. A store
+that drowns shows here which reads drowned it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+__all__ = ["StoreLoad"]
+
+_LINE = re.compile(r'^im_store_command_seconds_(sum|count)\{(.*)\} ([0-9.eE+-]+)$')
+PERIOD_S = 5.0
+
+
+class StoreLoad:
+    def __init__(self, nodes: Callable[[], list[tuple[int, str]]]) -> None:
+        self.nodes = nodes  # () -> [(pid, http url)] of the processes up now
+        self._last: dict[int, dict[str, tuple[float, float]]] = {}  # pid -> labels -> (s, n)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
+            while True:
+                await asyncio.gather(*(self._read(client, pid, url)
+                                       for pid, url in self.nodes()))
+                await asyncio.sleep(PERIOD_S)
+
+    async def _read(self, client: httpx.AsyncClient, pid: int, url: str) -> None:
+        try:
+            text = (await client.get(f"{url}/metrics")).text
+        except httpx.HTTPError:
+            return
+        seen: dict[str, list[float]] = {}
+        for line in text.splitlines():
+            m = _LINE.match(line)
+            if m:
+                pair = seen.setdefault(m.group(2), [0.0, 0.0])
+                pair[0 if m.group(1) == "sum" else 1] = float(m.group(3))
+        self._last[pid] = {k: (v[0], v[1]) for k, v in seen.items()}
+
+    async def stop(self) -> list[dict[str, Any]]:
+        """The top commands by time waited, over every process of the run."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        total: dict[str, list[float]] = {}
+        for series in self._last.values():
+            for labels, (s, n) in series.items():
+                t = total.setdefault(labels, [0.0, 0.0])
+                t[0] += s
+                t[1] += n
+        top = sorted(((s, n, k) for k, (s, n) in total.items() if n), reverse=True)[:12]
+        return [{"command": k, "count": int(n), "seconds": round(s, 1),
+                 "mean_ms": round(s / n * 1000, 1)} for s, n, k in top]
