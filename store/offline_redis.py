@@ -19,6 +19,7 @@ starts over.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -70,6 +71,10 @@ class OfflineRedis:
         self._ack = Lua("offline_ack.lua")
         self._page = Lua("offline_page.lua")
         self._convs = Lua("conversations.lua")
+        # One rebuild per user at a time on this node: the calls that find the
+        # keys incomplete meanwhile wait for it (after a Redis loss every call
+        # of a user would otherwise read the same box from MongoDB again).
+        self._rebuilding: dict[str, asyncio.Future[bool]] = {}
         self._erase = Lua("erase.lua")
 
     # -- delivery ------------------------------------------------------------
@@ -187,7 +192,27 @@ class OfflineRedis:
     # -- rebuild ---------------------------------------------------------------
     async def _rebuild(self, user: str) -> bool:
         """Fill the user's inbox keys from MongoDB and mark them complete; False
-        if reads or erasures kept racing it (the keys stay as they are)."""
+        if reads or erasures kept racing it (the keys stay as they are). A
+        rebuild of ``user`` already under way is joined, not repeated; its
+        failure is each waiter's."""
+        running = self._rebuilding.get(user)
+        if running is not None:
+            return await asyncio.shield(running)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._rebuilding[user] = fut
+        try:
+            done = await self._rebuild_now(user)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: nobody may be waiting
+            raise
+        else:
+            fut.set_result(done)
+            return done
+        finally:
+            del self._rebuilding[user]
+
+    async def _rebuild_now(self, user: str) -> bool:
         meta = self.keys.inbox_meta(user)
         for _ in range(REBUILD_TRIES):
             async with redis_guard():

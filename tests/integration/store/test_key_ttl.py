@@ -3,6 +3,7 @@ keys answered is answered again, rebuilt from MongoDB, once they expired."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -156,3 +157,34 @@ async def test_an_inbox_left_by_a_version_without_read_marks_keeps_what_was_read
     assert marks == {f"{me}|{alice}": a[2] - 1, f"{me}|{bob}": b[1]}
     assert not await redis_client.exists(KEYS.legacy_unread_mids(me, alice))
     assert set(await redis_client.hkeys(KEYS.inbox_meta(me))) <= {b"~", b"v"}
+
+
+async def test_calls_that_find_an_inbox_lost_share_one_rebuild(node, connect, http, redis_client):
+    """After a Redis loss every call of a user finds its inbox incomplete: the
+    node reads the user's box from MongoDB once for all of them, not per call."""
+    me, peer = uid("me"), uid("peer")
+    cp = await connect(node, peer)
+    for i in range(3):
+        await cp.request("send", to=me, cmid=f"m{i}", body=f"hi {i}")
+    await redis_client.delete(KEYS.inbox_meta(me), KEYS.unread_mids(me), KEYS.convs(me),
+                              KEYS.conv_last(me))
+    offline: Any = node.stores.offline
+    source = offline.source
+    reads: list[str] = []
+
+    class Counting:  # the real MongoDB source, its box reads counted
+        def __getattr__(self, name: str) -> Any:
+            return getattr(source, name)
+
+        async def inbox_entries(self, owner: str, limit: int) -> Any:
+            reads.append(owner)
+            return await source.inbox_entries(owner, limit)
+
+    offline.source = Counting()
+    try:
+        h = http(me, node)
+        pages = await asyncio.gather(*(h.ok("GET", "/v1/conversations") for _ in range(8)))
+    finally:
+        offline.source = source
+    assert reads == [me]
+    assert all(p["total_unread"] == 3 for p in pages)
