@@ -45,6 +45,9 @@ GROUP_INDEXES: list[Index] = [
     ("group_members", [("g", ASCENDING), ("u", ASCENDING)], {"name": "group_user"}),
     ("group_msgs", [("g", ASCENDING), ("mid", ASCENDING)], {"name": "group_mid"}),
     ("group_msgs", [("mid", ASCENDING)], {"name": "mid"}),
+    # Only the recalled messages (what a lost group state is rebuilt with).
+    ("group_msgs", [("g", ASCENDING), ("seq", ASCENDING)],
+     {"name": "group_recalled", "partialFilterExpression": {"recalled": True}}),
     ("group_msgs", [("g", ASCENDING), ("from", ASCENDING), ("cmid", ASCENDING)],
      {"unique": True, "name": "group_sender_cmid"}),
 ]
@@ -327,7 +330,15 @@ class GroupsMongo:
             d = await self.msgs.find_one({"g": group, "mid": mid}, {"seq": 1})
         return int(d["seq"]) if d else None
 
-    async def last(self, group: str) -> GroupMessage | None:
+    async def last(self, group: str, lastmid: int = 0) -> GroupMessage | None:
+        """A point read of ``lastmid`` when it is stored (the usual case);
+        otherwise the newest by mid (a store without index-ordered reads, such
+        as SecantusDB, reads the whole group for that)."""
+        if lastmid > 0:
+            async with mongo_guard():
+                d = await self.msgs.find_one({"g": group, "mid": lastmid})
+            if d is not None and not d.get("dead"):
+                return group_message(d)
         async with mongo_guard():
             async for d in self.msgs.find({"g": group, "mid": {"$gte": 0}}).sort(
                     "mid", DESCENDING).limit(1):

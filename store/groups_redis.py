@@ -258,7 +258,8 @@ class GroupCacheRedis:
             out: dict[str, GroupState] = {}
             for g in groups:
                 doc = await self.store.get(g) or {}
-                newest = await self.store.last(g) if last else None
+                newest = (await self.store.last(g, int(doc.get("lastmid", 0)))
+                          if last else None)
                 out[g] = GroupState(int(doc.get("seq", 0)), int(doc.get("lastmid", 0)),
                                     self.encode_last(newest) if newest else None,
                                     int(doc.get("rdmid", 0)))
@@ -353,7 +354,7 @@ class GroupCacheRedis:
 
     async def _rebuild_state(self, group: str) -> dict[bytes, bytes]:
         doc = await self.store.get(group) or {}
-        last = await self.store.last(group)
+        last = await self.store.last(group, int(doc.get("lastmid", 0)))
         recalled = await self.store.recalled_seqs(group, RECALLED_KEPT)
         async with redis_guard():
             await self._state(self.redis, keys=[self.keys.group_state(group)], args=[

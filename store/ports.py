@@ -417,7 +417,10 @@ class GroupStore(Protocol):
 
     async def seq_of(self, group: str, mid: int) -> int | None: ...
 
-    async def last(self, group: str) -> GroupMessage | None: ...
+    async def last(self, group: str, lastmid: int = 0) -> GroupMessage | None:
+        """The group's newest stored message; ``lastmid`` (the group's document
+        says so) is tried first with a point read."""
+        ...
 
     async def rd_index(self, group: str, scan: int) -> tuple[list[tuple[int, int]], int]:
         """(mid, seq) of the read-diffused messages among the group's newest

@@ -215,7 +215,7 @@ class FakeGroupStore(Faulty):
         self._up("seq_of")
         return next((m.seq for m in self._live(group) if m.mid == mid), None)
 
-    async def last(self, group: str) -> GroupMessage | None:
+    async def last(self, group: str, lastmid: int = 0) -> GroupMessage | None:
         self._up("last")
         return max(self._live(group), key=lambda m: m.mid, default=None)
 

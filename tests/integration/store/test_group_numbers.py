@@ -81,3 +81,21 @@ async def test_a_sync_of_many_groups_follows_their_indexes(make_node, connect, h
     assert await redis_client.zscore(keys.group_rd(groups[0]), "~") == 0
     await redis_client.delete(*[keys.group_rd(g) for g in groups])
     assert await _sync_all(hm, 7) == sorted(sent)
+
+
+async def test_a_groups_newest_message_is_read_at_its_lastmid_or_found_without_it(
+        node, connect, http):
+    owner = uid("o")
+    g = (await http(owner, node).post("/v1/groups", json={"name": "g", "members": []})
+         ).json()["group"]
+    co = await connect(node, owner)
+    acks = [await co.request("group_send", group=g, cmid=f"m{i}", body=i) for i in range(3)]
+    store = node.stores.groups
+    doc = await store.get(g)
+    assert doc is not None and doc["lastmid"] == acks[-1]["mid"]
+    newest = await store.last(g, doc["lastmid"])
+    assert newest is not None and (newest.mid, newest.seq) == (acks[-1]["mid"], 3)
+    # A lastmid that names no stored message (its send failed): the newest by mid.
+    for hint in (0, acks[-1]["mid"] + 1):
+        found = await store.last(g, hint)
+        assert found is not None and found.mid == acks[-1]["mid"]
