@@ -55,6 +55,7 @@ class Nemesis:
         self.cluster = Cluster(cfg)
         self.injector = FaultInjector(self.cluster)
         self.workload = Workload(cfg, self.cluster, self.rng)
+        self._load: list[dict[str, Any]] | None = None
         self.store_load = StoreLoad(lambda: [(sl.running.pid, sl.http_url)
                                              for sl in self.cluster.live_slots()])
         self.t0 = 0.0
@@ -71,10 +72,20 @@ class Nemesis:
             await self._set_up_clients()
             report = await self._traffic_and_check()
         finally:
+            await self._store_load()  # printed also when the run stopped early
             await self.workload.close_all()
             await self.cluster.stop()
         report["duration_s"] = round(time.monotonic() - started, 1)
         return report
+
+    async def _store_load(self) -> list[dict[str, Any]]:
+        """What the nodes waited on MongoDB for, printed the first time."""
+        if self._load is None:
+            self._load = await self.store_load.stop()
+            print("store commands by time waited (all node processes):",
+                  *(f"  {r['seconds']:8.1f} s {r['count']:8d} x {r['mean_ms']:8.1f} ms  "
+                    f"{r['command']}" for r in self._load), sep="\n", file=sys.stderr)
+        return self._load
 
     async def _set_up_clients(self) -> None:
         self.workload.make_users()
@@ -92,14 +103,8 @@ class Nemesis:
             await asyncio.sleep(left)
         t_stop = now()
         cancelled = await self.workload.stop_traffic()
-        try:
-            report = await self.check()
-        finally:
-            load = await self.store_load.stop()
-            print("store commands by time waited (all node processes):",
-                  *(f"  {r['seconds']:8.1f} s {r['count']:8d} x {r['mean_ms']:8.1f} ms  "
-                    f"{r['command']}" for r in load), sep="\n", file=sys.stderr)
-        report["store_commands"] = load
+        report = await self.check()
+        report["store_commands"] = await self._store_load()
         report["pumps_cancelled"] = cancelled
         report["traffic_s"] = round(t_stop - self.t0, 1)
         return report
