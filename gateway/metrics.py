@@ -73,8 +73,8 @@ class NodeMetrics:
             buckets=stage_buckets, registry=r)
         self.store_commands = Histogram(
             "im_store_command_seconds", "Time one MongoDB command took, by command, "
-            "collection and outcome (which reads load the store)",
-            ["command", "collection", "outcome"], buckets=stage_buckets, registry=r)
+            "collection, query shape (the fields a read filters and sorts on) and outcome",
+            ["command", "collection", "shape", "outcome"], buckets=stage_buckets, registry=r)
         self.loop_lag = Histogram(
             "im_loop_lag_seconds", "How late a 100 ms timer on the event loop fires: the "
             "loop's longest turns (a big write, a GC pause, a blocking call)",
@@ -146,9 +146,10 @@ class NodeMetrics:
         """Report the broker link, read from ``status`` at each scrape (once per node)."""
         self.registry.register(_BrokerCollector(status))
 
-    def observe_store_command(self, command: str, collection: str, seconds: float,
-                              ok: bool) -> None:
-        self.store_commands.labels(command, collection, "ok" if ok else "failed").observe(seconds)
+    def observe_store_command(self, command: str, collection: str, shape: str,
+                              seconds: float, ok: bool) -> None:
+        self.store_commands.labels(command, collection, shape,
+                                   "ok" if ok else "failed").observe(seconds)
 
     def stage_observer(self, stage: str) -> Callable[[int, float, float], None]:
         """A ``Batcher`` observer feeding this stage's histograms."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,8 +22,23 @@ DUPLICATE_KEY = 11000
 Index = tuple[str, list[tuple[str, int]], dict[str, Any]]
 
 
-# (command, collection, seconds, succeeded): one command the server answered or failed
-CommandObserver = Callable[[str, str, float, bool], None]
+# (command, collection, shape, seconds, succeeded): one command the server
+# answered or failed; ``shape``: the fields a read filters and sorts on
+CommandObserver = Callable[[str, str, str, float, bool], None]
+
+
+def query_shape(command: Mapping[str, Any]) -> str:
+    """The fields a find / findAndModify filters on and sorts by (``"owner,mid
+    sort mid:-1"``): which query it is, not its values (bounded: the code's
+    queries)."""
+    filt = command.get("filter", command.get("query"))
+    if not isinstance(filt, Mapping):
+        return ""
+    shape = ",".join(sorted(filt))
+    sort = command.get("sort")
+    if isinstance(sort, Mapping) and sort:
+        shape += " sort " + ",".join(f"{k}:{v}" for k, v in sort.items())
+    return shape
 
 
 class CommandTimer(monitoring.CommandListener):
@@ -33,13 +48,14 @@ class CommandTimer(monitoring.CommandListener):
 
     def __init__(self, observe: CommandObserver) -> None:
         self.observe = observe
-        self._started: dict[int, tuple[float, str, str]] = {}  # request id ->
+        self._started: dict[int, tuple[float, str, str, str]] = {}  # request id ->
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         target = event.command.get(event.command_name)
         coll = target if isinstance(target, str) else ""
         if len(self._started) < 10_000:  # bounded: an event lost by the driver is not kept
-            self._started[event.request_id] = (time.monotonic(), event.command_name, coll)
+            self._started[event.request_id] = (time.monotonic(), event.command_name, coll,
+                                               query_shape(event.command))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         self._end(event.request_id, True)
@@ -50,8 +66,8 @@ class CommandTimer(monitoring.CommandListener):
     def _end(self, request_id: int, ok: bool) -> None:
         start = self._started.pop(request_id, None)
         if start is not None:
-            t0, name, coll = start
-            self.observe(name, coll, time.monotonic() - t0, ok)
+            t0, name, coll, shape = start
+            self.observe(name, coll, shape, time.monotonic() - t0, ok)
 
 
 def connect_mongo(url: str, timeout_s: float, w: str = "majority",
