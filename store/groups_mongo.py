@@ -40,7 +40,6 @@ from store.mongo_client import (
     insert_idempotent,
     mongo_guard,
     newest_first,
-    oldest_first,
 )
 from store.records import GroupMessage, Membership
 
@@ -305,9 +304,11 @@ class GroupsMongo:
         out: list[GroupMessage] = []
         batch = limit + 16
         while len(out) < limit:
-            if after is not None:  # oldest first, newest first: in windows of time
-                docs = await oldest_first(self.msgs, {"g": group}, batch, after=after)
-            else:
+            if after is not None:
+                async with mongo_guard():
+                    docs = [d async for d in self.msgs.find({"g": group, "mid": {"$gt": after}})
+                            .sort("mid", ASCENDING).limit(batch)]
+            else:  # newest first, in windows of time (``newest_first``)
                 docs = await newest_first(self.msgs, {"g": group}, batch, before=before)
             out += [group_message(d) for d in docs
                     if d["seq"] > from_seq and not (only_rd and d.get("wd"))]

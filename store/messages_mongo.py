@@ -32,7 +32,6 @@ from store.mongo_client import (
     insert_idempotent,
     mongo_guard,
     newest_first,
-    oldest_first,
 )
 from store.records import ChatMessage, GroupMessage, StoredMessage
 
@@ -160,9 +159,10 @@ class MessagesMongo:
         if after is None:  # newest first, read in windows of time (``newest_first``)
             mids = [b["mid"] for b in await newest_first(
                 self.boxes, query, limit, projection=shown, before=before)]
-        else:  # oldest first from ``after`` (sync), in windows of time too
-            mids = [b["mid"] for b in await oldest_first(
-                self.boxes, query, limit, after=after, projection=shown)]
+        else:
+            async with mongo_guard():
+                mids = [b["mid"] async for b in self.boxes.find(
+                    {**query, "mid": {"$gt": after}}, shown).sort("mid", ASCENDING).limit(limit)]
         if not mids:
             return []
         async with mongo_guard():

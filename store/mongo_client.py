@@ -16,8 +16,7 @@ from core.ids import mid_for_time_ms, mid_time_ms
 from store.errors import Unavailable
 
 __all__ = ["DUPLICATE_KEY", "CommandObserver", "CommandTimer", "Index", "connect_mongo",
-           "ensure_indexes", "insert_each", "insert_idempotent", "mongo_guard", "newest_first",
-           "oldest_first"]
+           "ensure_indexes", "insert_each", "insert_idempotent", "mongo_guard", "newest_first"]
 
 DUPLICATE_KEY = 11000
 # (collection, keys, options): one index a store's collections carry.
@@ -177,31 +176,5 @@ async def newest_first(coll: AsyncCollection[dict[str, Any]], query: Mapping[str
         if low is None or low == 0:
             break
         high = low
-        span *= 4
-    return out
-
-
-async def oldest_first(coll: AsyncCollection[dict[str, Any]], query: Mapping[str, Any],
-                       limit: int, *, after: int,
-                       projection: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Documents of ``query`` with ``mid > after`` by ``mid`` ascending, at most
-    ``limit``: ``newest_first`` the other way, walking forward from ``after``
-    in windows of time ([1 min), then 4x longer each) up to now, then the
-    rest at once. ``query`` must not name ``mid``."""
-    out: list[dict[str, Any]] = []
-    start_ms = mid_time_ms(after)
-    now_ms = time.time() * 1000 + 60_000  # other nodes' mids may run a little ahead
-    low = after
-    span = FIRST_WINDOW_S
-    while len(out) < limit:
-        end_ms = start_ms + span * 1000
-        high = mid_for_time_ms(int(end_ms)) if end_ms < now_ms else None
-        bounds = {"$gt": low} if high is None else {"$gt": low, "$lt": high}
-        async with mongo_guard():
-            out += [d async for d in coll.find({**query, "mid": bounds}, projection)
-                    .sort("mid", 1).limit(limit - len(out))]
-        if high is None:
-            break
-        low = high - 1  # the next window starts at ``high``
         span *= 4
     return out
