@@ -29,18 +29,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pymongo import ASCENDING, ReturnDocument, UpdateOne
+from pymongo import ASCENDING, DESCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 
 from store.errors import GroupGone, Unavailable
-from store.mongo_client import (
-    Index,
-    ensure_indexes,
-    insert_each,
-    insert_idempotent,
-    mongo_guard,
-    newest_first,
-)
+from store.mongo_client import Index, ensure_indexes, insert_each, insert_idempotent, mongo_guard
 from store.records import GroupMessage, Membership
 
 __all__ = ["GROUP_INDEXES", "GroupsMongo", "group_message", "msg_id"]
@@ -304,12 +297,17 @@ class GroupsMongo:
         out: list[GroupMessage] = []
         batch = limit + 16
         while len(out) < limit:
+            bounds: dict[str, int] = {}
             if after is not None:
-                async with mongo_guard():
-                    docs = [d async for d in self.msgs.find({"g": group, "mid": {"$gt": after}})
-                            .sort("mid", ASCENDING).limit(batch)]
-            else:  # newest first, in windows of time (``newest_first``)
-                docs = await newest_first(self.msgs, {"g": group}, batch, before=before)
+                bounds["$gt"] = after
+            elif before is not None:
+                bounds["$lt"] = before
+            else:
+                bounds["$gte"] = 0
+            order = ASCENDING if after is not None else DESCENDING
+            async with mongo_guard():
+                docs = [d async for d in self.msgs.find({"g": group, "mid": bounds})
+                        .sort("mid", order).limit(batch)]
             out += [group_message(d) for d in docs
                     if d["seq"] > from_seq and not (only_rd and d.get("wd"))]
             if len(docs) < batch:
@@ -341,11 +339,16 @@ class GroupsMongo:
                 d = await self.msgs.find_one({"g": group, "mid": lastmid})
             if d is not None and not d.get("dead"):
                 return group_message(d)
-        newest = await newest_first(self.msgs, {"g": group}, 1)
-        return group_message(newest[0]) if newest else None
+        async with mongo_guard():
+            async for d in self.msgs.find({"g": group, "mid": {"$gte": 0}}).sort(
+                    "mid", DESCENDING).limit(1):
+                return group_message(d)
+        return None
 
     async def rd_index(self, group: str, scan: int) -> tuple[list[tuple[int, int]], int]:
-        docs = await newest_first(self.msgs, {"g": group}, scan,
-                                  projection={"mid": 1, "seq": 1, "wd": 1})
+        async with mongo_guard():
+            docs = [d async for d in self.msgs.find(
+                {"g": group, "mid": {"$gte": 0}}, {"mid": 1, "seq": 1, "wd": 1}).sort(
+                    "mid", DESCENDING).limit(scan)]
         floor = int(docs[-1]["mid"]) - 1 if len(docs) == scan else 0
         return [(int(d["mid"]), int(d["seq"])) for d in docs if not d.get("wd")], floor
