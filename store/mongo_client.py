@@ -12,11 +12,10 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, PyMongoError
 
-from core.ids import mid_for_time_ms, mid_time_ms
 from store.errors import Unavailable
 
 __all__ = ["DUPLICATE_KEY", "CommandObserver", "CommandTimer", "Index", "connect_mongo",
-           "ensure_indexes", "insert_each", "insert_idempotent", "mongo_guard", "newest_first"]
+           "ensure_indexes", "insert_each", "insert_idempotent", "mongo_guard"]
 
 DUPLICATE_KEY = 11000
 # (collection, keys, options): one index a store's collections carry.
@@ -140,41 +139,3 @@ async def insert_idempotent(collection: AsyncCollection[dict[str, Any]],
     _, failed = await insert_each(collection, docs)
     if failed:
         raise Unavailable("mongo", f"write error {next(iter(failed.values()))}")
-
-
-FIRST_WINDOW_S = 60.0  # the newest minute first; each next window 4x as long
-WHOLE_AFTER_S = 86_400.0  # past a day back, the rest in one read
-
-
-async def newest_first(coll: AsyncCollection[dict[str, Any]], query: Mapping[str, Any],
-                       limit: int, *, projection: Mapping[str, Any] | None = None,
-                       before: int | None = None) -> list[dict[str, Any]]:
-    """Documents of ``query`` by ``mid`` descending (below ``before``), at most
-    ``limit``, read in windows of time walking back from ``before`` (or now):
-    [1 min), then 4x longer each, and past a day the rest at once. Each read is
-    a bounded range of an index ending in ``mid``. On mongod one read usually
-    does; on a store that sorts in memory instead of walking the index (such as
-    SecantusDB) it keeps each read to the documents of its window, where one
-    read of a large box or group would have sorted all of them. ``query`` must
-    not name ``mid``."""
-    out: list[dict[str, Any]] = []
-    # Mids of other nodes may run a little ahead of this clock.
-    anchor_ms = mid_time_ms(before) if before is not None else time.time() * 1000 + 60_000
-    high = before
-    span = FIRST_WINDOW_S
-    while len(out) < limit:
-        low = mid_for_time_ms(int(anchor_ms - span * 1000)) if span < WHOLE_AFTER_S else None
-        bounds: dict[str, int] = {}
-        if high is not None:
-            bounds["$lt"] = high
-        if low is not None:
-            bounds["$gte"] = low
-        q = {**query, "mid": bounds} if bounds else dict(query)
-        async with mongo_guard():
-            out += [d async for d in coll.find(q, projection).sort("mid", -1)
-                    .limit(limit - len(out))]
-        if low is None or low == 0:
-            break
-        high = low
-        span *= 4
-    return out

@@ -151,13 +151,13 @@ async def test_every_store_command_is_timed_by_command_and_collection(node, conn
     insert = [line for line in text.splitlines() if line.startswith(
         'im_store_command_seconds_count{collection="messages",command="insert",outcome="ok"')]
     assert insert and float(insert[0].split()[-1]) >= 1
-    # b's history is read from its box by owner and conv, newest first, in a
-    # window of mids: the shape names the fields, not their values.
+    # b's history is read from its box, by owner and conv, newest first: the
+    # shape names the fields (not their values).
     assert (await http(b).get(f"/v1/history/{a}")).status_code == 200
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{node.metrics_port}") as m:
         text = (await m.get("/metrics")).text
     assert ('im_store_command_seconds_count{collection="boxes",command="find",'
-            'outcome="ok",shape="conv,mid,owner sort mid:-1"}') in text
+            'outcome="ok",shape="conv,owner sort mid:-1"}') in text
 
 
 async def test_the_conversation_list_keeps_a_cut_preview_of_a_large_message(
