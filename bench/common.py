@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 
+from testkit.nemesis.store_load import top_commands
+
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "bench" / "out"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"  # the node's default (IM_AMQP_URL)
@@ -367,18 +369,13 @@ def store_time(before: dict[str, float], after: dict[str, float], top: int = 10
                ) -> list[dict[str, Any]]:
     """The MongoDB commands a node spent the most time waiting on over a window
     (``im_store_command_seconds``): labels, count, total and mean seconds."""
-    out: list[dict[str, Any]] = []
+    series: dict[str, tuple[float, float]] = {}
     for key, total in after.items():
-        m = _COMMAND.match(key)
-        if m is None:
-            continue
-        spent = total - before.get(key, 0.0)
-        count_key = "im_store_command_seconds_count{" + m.group(1) + "}"
-        n = after.get(count_key, 0.0) - before.get(count_key, 0.0)
-        if n > 0:
-            out.append({"command": m.group(1), "count": int(n), "seconds": round(spent, 2),
-                        "mean_ms": round(spent / n * 1000, 1)})
-    return sorted(out, key=lambda r: -r["seconds"])[:top]
+        if (m := _COMMAND.match(key)) is not None:
+            count_key = "im_store_command_seconds_count{" + m.group(1) + "}"
+            series[m.group(1)] = (total - before.get(key, 0.0),
+                                  after.get(count_key, 0.0) - before.get(count_key, 0.0))
+    return top_commands(series, top)
 
 
 _BUCKET = re.compile(r'(\w+)_bucket\{(.*)\}')

@@ -82,9 +82,10 @@ class NodeDirectoryRedis:
         return {n.decode(): int(score) for n, score in marks}
 
     async def claim_dead(self, dead: str, node: str, ttl_s: float) -> bool:
-        """``SET NX PX``: one live node at a time reads a dead node's sends back."""
+        """``SET NX GET PX`` (one round trip): one live node at a time reads a
+        dead node's sends back; the claim is this node's if it was free or its own."""
         key = self.keys.dead_sends_claim(dead)
         async with redis_guard():
-            if await self.redis.set(key, node, nx=True, px=max(1, int(ttl_s * 1000))):
-                return True
-            return await self.redis.get(key) == node.encode()
+            held = await self.redis.set(key, node, nx=True, get=True,
+                                        px=max(1, int(ttl_s * 1000)))
+        return held is None or held == node.encode()

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["StoreLoad"]
+__all__ = ["StoreLoad", "top_commands"]
 
 _LINE = re.compile(r'^im_store_command_seconds_(sum|count)\{(.*)\} ([0-9.eE+-]+)$')
 PERIOD_S = 5.0
@@ -60,6 +60,11 @@ class StoreLoad:
                 t = total.setdefault(labels, [0.0, 0.0])
                 t[0] += s
                 t[1] += n
-        top = sorted(((s, n, k) for k, (s, n) in total.items() if n), reverse=True)[:12]
-        return [{"command": k, "count": int(n), "seconds": round(s, 1),
-                 "mean_ms": round(s / n * 1000, 1)} for s, n, k in top]
+        return top_commands({k: (s, n) for k, (s, n) in total.items()})
+
+
+def top_commands(series: dict[str, tuple[float, float]], top: int = 12) -> list[dict[str, Any]]:
+    """labels -> (seconds, count) as rows, the most time waited first."""
+    rows = sorted(((s, n, k) for k, (s, n) in series.items() if n > 0), reverse=True)[:top]
+    return [{"command": k, "count": int(n), "seconds": round(s, 1),
+             "mean_ms": round(s / n * 1000, 1)} for s, n, k in rows]
