@@ -50,6 +50,10 @@ class Settings:
     # and keys a sender made for ids nobody uses go within the week).
     user_key_ttl_s: int = 7 * 86_400
     dep_timeout_s: float = 2.0  # per Redis / Mongo operation
+    # At start-up a node waits this long for Redis and MongoDB to answer (a store
+    # still starting, or too busy to prepare its indexes in one timeout) before
+    # it gives up with a one-line error; 0: one try.
+    startup_wait_s: float = 30.0
     sync_settle_ms: int = 1000  # sync cursors do not pass in-flight sends
     # A person sends a few messages a second at most; bots use the server API.
     send_rate: float = 20.0  # sends per second per user on a node (token bucket)

@@ -144,16 +144,35 @@ class Node:
                  s.namespace)
 
     async def _check_dependencies(self) -> None:
+        """Redis and MongoDB answer, and the store's indexes exist.
+
+        Each is tried again (every half second, a line logged per failure)
+        until ``IM_STARTUP_WAIT_S`` has passed: a store that is still starting,
+        or too busy to answer within one ``IM_DEP_TIMEOUT_S``, is waited for;
+        one that stays away ends the start with a one-line error.
+        """
         s = self.settings
-        try:
-            await self.stores.check_redis()
-        except Unavailable:
-            raise StartupError(f"cannot reach Redis at {_safe_url(s.redis_url)}") from None
-        try:
+        await self._wait_for("Redis", s.redis_url, self.stores.check_redis)
+
+        async def mongo() -> None:
             await self.stores.check_mongo()
             await self.stores.prepare()
-        except Unavailable:
-            raise StartupError(f"cannot reach MongoDB at {_safe_url(s.mongo_url)}") from None
+
+        await self._wait_for("MongoDB", s.mongo_url, mongo)
+
+    async def _wait_for(self, what: str, url: str,
+                        check: Callable[[], Awaitable[None]]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.startup_wait_s
+        while True:
+            try:
+                await check()
+                return
+            except Unavailable as exc:
+                if loop.time() >= deadline:
+                    raise StartupError(f"cannot reach {what} at {_safe_url(url)}") from None
+                log.warning("waiting for %s at %s (%s)", what, _safe_url(url), exc)
+                await asyncio.sleep(0.5)
 
     async def _acquire_lease(self) -> int:
         wanted = self.settings.node_id

@@ -6,11 +6,15 @@ port), kills it with SIGKILL in the middle, and starts it again.
 
 from __future__ import annotations
 
+import asyncio
+from urllib.parse import urlsplit
+
 import pytest
 from pymongo import AsyncMongoClient
 
+from gateway.node import StartupError
 from testkit.poll import until
-from tests.conftest import RUN_NS, uid
+from tests.conftest import RUN_NS, base_settings, uid
 
 
 async def until_acked(client, op, **fields):
@@ -142,3 +146,21 @@ async def test_room_send_without_redis_is_never_acked_and_a_new_epoch_follows(
 
     got = await until(rejoined, timeout=30, every=0.25)
     assert got["recovered"] is False and [m["body"] for m in got["msgs"]] == [2]
+
+
+async def test_a_node_waits_for_a_store_that_is_late_then_gives_up_with_one_line(
+        make_node, proxy, caplog):
+    late = await proxy(urlsplit(base_settings().mongo_url).port or 27017)
+    late.cut()  # every connection refused, as a store still starting
+    url = late.url("mongodb", path="")
+    starting = asyncio.create_task(make_node(mongo_url=url, dep_timeout_s=0.5,
+                                             startup_wait_s=20))
+    await until(lambda: "waiting for MongoDB" in caplog.text, timeout=10)
+    assert not starting.done()
+    late.restore()
+    node = await asyncio.wait_for(starting, 20)
+    assert await node.healthy()
+
+    with pytest.raises(StartupError) as stopped:
+        await make_node(mongo_url="mongodb://127.0.0.1:1", dep_timeout_s=0.3, startup_wait_s=1)
+    assert str(stopped.value) == "cannot reach MongoDB at mongodb://127.0.0.1:1"
