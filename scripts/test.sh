@@ -10,7 +10,9 @@
 #            their own are left out: `pytest --collect-only -q -m
 #            redis_topology` lists them) against a private local 3-master
 #            Redis Cluster (scripts/redis_cluster.sh, on free ports with its own
-#            data dir), started for the pass and stopped after it.
+#            data dir), started for the pass and stopped after it. Tests
+#            marked edge_only (fixed-seed fuzzers of the edge, the demo in a
+#            browser) run only in the single Redis passes.
 #   js       the JavaScript SDK's tests (clients/js: Node against real nodes it
 #            starts itself).
 # The demo's browser test runs inside pytest (tests/integration/gateway/test_demo_browser.py).

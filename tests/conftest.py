@@ -17,7 +17,10 @@ Cluster): every test that uses a fixture reaching the run's servers
 (``pytest -m redis_topology``). A test whose nodes all use a Redis it starts
 itself (``redis_url=...``) is marked ``own_redis`` instead and is left out; the
 fixtures fail such a test if it starts a node on the run's Redis or asks for
-``redis_client``, so the exemption cannot hide a test that does.
+``redis_client``, so the exemption cannot hide a test that does. A test marked
+``edge_only`` (a fuzzer of the edge with a fixed seed, the demo in a browser:
+ids cannot hold a hash tag, so the topology cannot change what it finds) is left
+out too, to keep the cluster pass from running it a second time to the same end.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if "redis_client" in names:
                 raise pytest.UsageError(f"{item.nodeid}: marked own_redis but uses the run's "
                                         "Redis (redis_client)")
+            continue
+        if item.get_closest_marker("edge_only") is not None:
             continue
         if names & RUN_SERVER_FIXTURES:
             item.add_marker(pytest.mark.redis_topology)

@@ -58,6 +58,7 @@ async def test_demo_is_served_without_a_token(make_node: NodeFactory) -> None:
         assert not [p for p in paths if p.startswith("/demo")]
 
 
+@pytest.mark.edge_only
 async def test_demo_in_a_browser(make_node: NodeFactory) -> None:
     _prerequisites()
     n1, n2 = await make_node(), await make_node()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
+import pytest
+
 from tests.conftest import token, uid
 
 CHECKS = ",".join([
@@ -27,6 +29,7 @@ BOUND_S = 300  # the whole pass; it takes about a minute
 # threads parse at once (CPython gh-106905); CI met it once under load.
 
 
+@pytest.mark.edge_only
 async def test_schemathesis_finds_nothing(make_node, tmp_path):
     node = await make_node(http_rate=0)  # the fuzzer is one user calling as fast as it can
     cmd = [sys.executable, "-m", "schemathesis.cli", "run",

@@ -504,6 +504,7 @@ async def check_example(run: Run, frames: list[Frame]) -> list[str]:
     return events
 
 
+@pytest.mark.edge_only
 async def test_ws_frames_fuzz_node_answers_and_stays_healthy(make_node, caplog):
     node = await make_node(max_body=MAX_BODY, max_frame=MAX_FRAME,
                            bad_frame_limit=BAD_FRAME_LIMIT)
