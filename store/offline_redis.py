@@ -12,9 +12,10 @@ complete only with the meta hash's ``~``: set by a rebuild from MongoDB
 (``InboxSource``: box entries, recalled flags, read marks), never by a
 delivery. A delivery to keys that are not complete still writes into them,
 only adding (a mid, a later last message), and the rebuild merges into what
-it finds, so neither loses the other's writes; a read or an erasure made
-while they are not complete moves ``v``, and a rebuild that began before it
-starts over.
+it finds, so neither loses the other's writes; a read made while they are
+not complete is kept beside them and applied by the merge (so a reader never
+keeps a rebuild from finishing), and an erasure made meanwhile moves ``v``:
+a rebuild that began before it starts over.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ __all__ = ["REBUILD_SCAN", "OfflineRedis", "unread_member"]
 # conversation whose last message is older is left out, and a conversation's
 # unread counts only the messages among them.
 REBUILD_SCAN = 10_000
-REBUILD_TRIES = 3  # rebuilds started over (a read or erasure meanwhile) before giving up
+REBUILD_TRIES = 3  # rebuilds started over (an erasure meanwhile) before giving up
 
 
 def unread_member(conv: str, mid: int) -> str:
@@ -192,7 +193,7 @@ class OfflineRedis:
     # -- rebuild ---------------------------------------------------------------
     async def _rebuild(self, user: str) -> bool:
         """Fill the user's inbox keys from MongoDB and mark them complete; False
-        if reads or erasures kept racing it (the keys stay as they are). A
+        if erasures kept racing it (the keys stay as they are). A
         rebuild of ``user`` already under way is joined, not repeated; its
         failure is each waiter's."""
         running = self._rebuilding.get(user)
@@ -262,7 +263,9 @@ class OfflineRedis:
         async with redis_guard():
             fields: dict[bytes, bytes] = await self.redis.hgetall(  # type: ignore[assignment]
                 self.keys.inbox_meta(user))
-            counted = {f.decode() for f in fields if f not in (b"~", b"v")}
+            # Not '~', 'v' nor the reads kept while incomplete ('r|' + conv):
+            # an id never holds '|'.
+            counted = {f.decode() for f in fields if f not in (b"~", b"v") and b"|" not in f}
             if not counted:
                 return {}
             pipe = self.redis.pipeline(transaction=False)

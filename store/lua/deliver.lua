@@ -3,7 +3,7 @@
 -- KEYS[1] offline zset      (score = mid, member = encoded message)
 -- KEYS[2] offline meta hash (floor: the zset is complete for mids above it)
 -- KEYS[3] inbox meta hash   ('~' once rebuilt from MongoDB: the inbox keys are
---                            complete; 'v' bumped by a read or erase meanwhile)
+--                            complete; 'v' bumped by an erasure meanwhile)
 -- KEYS[4] unread zset       (score 0, member = conv .. '|' .. 16-digit mid)
 -- KEYS[5] conversations zset (conv -> last mid)
 -- KEYS[6] last message hash  (conv -> encoded message)

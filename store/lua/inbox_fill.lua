@@ -9,8 +9,10 @@
 --   unread member of its read mark ('' : none), n, then its n unread members
 -- Merged, never replacing: what deliveries wrote since the keys expired
 -- stays (a later last message, unread mids MongoDB did not have yet); unread
--- mids up to the read mark go. A read or an erasure since the rebuild began
--- ('v' moved) makes it start over: returns 0. Returns 1 once complete.
+-- mids up to the read mark go, and up to a read made since the rebuild began
+-- (read.lua's 'r|' .. conv field: MongoDB's mark may predate it). An erasure
+-- since the rebuild began ('v' moved) makes it start over: returns 0.
+-- Returns 1 once complete.
 local function refresh() for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[2]) end end
 if redis.call('HEXISTS', KEYS[1], '~') == 1 then
   refresh()
@@ -30,11 +32,15 @@ while i <= #ARGV do
     redis.call('ZADD', KEYS[3], mid, conv)
     redis.call('HSET', KEYS[4], conv, last)
   end
-  if upto ~= '' then
-    redis.call('ZREMRANGEBYLEX', KEYS[2], lo, '[' .. upto)
-  end
   for j = i + 5, i + 4 + n do
     redis.call('ZADD', KEYS[2], 0, ARGV[j])
+  end
+  local since = redis.call('HGET', KEYS[1], 'r|' .. conv)
+  if since and (upto == '' or since > upto) then
+    upto = since
+  end
+  if upto ~= '' then
+    redis.call('ZREMRANGEBYLEX', KEYS[2], lo, '[' .. upto)
   end
   local over = redis.call('ZLEXCOUNT', KEYS[2], lo, hi) - cap
   if over > 0 then

@@ -210,6 +210,30 @@ def test_unread_counts_survive_a_redis_loss():
     assert wrong[0]["expected"] == 4 and wrong[2]["sum_of_convs"] == 6
 
 
+def test_own_group_messages_before_a_redis_loss_may_count_as_read():
+    """A member's own group messages are read; their read seq reaches MongoDB
+    a moment after Redis (best effort), so past a Redis loss those acked
+    before it may count as unread, those acked after it may not."""
+    h, a, b = world([Fault("redis", 5, 2, t_start=5.0, t_heal=7.0)])
+    sent(a, b, 0, 10, t=1.0, kind="group", seq=1)
+    sent(b, a, 0, 11, t=2.0, kind="group", seq=2)  # b's own, before the loss
+    sent(a, b, 1, 12, t=3.0, kind="group", seq=3)
+    sent(b, a, 1, 13, t=8.0, kind="group", seq=4)  # b's own, after it
+    sent(a, b, 2, 14, t=9.0, kind="group", seq=5)
+    plan_b = plan_unread(h, FirstPick(), counters={"g": 5})[1]
+    assert plan_b.reads["g:g"] == 10  # read up to a's first (seq 1)
+    assert plan_b.expect["g:g"] == (1, 1)  # seq 5 only: 4 is b's own, after the loss
+    sent(b, a, 2, 15, t=9.5, kind="group", seq=6)  # ... unless b wrote last after it
+    plan_b = plan_unread(h, FirstPick(), counters={"g": 6})[1]
+    assert plan_b.expect["g:g"] == (0, 0)
+    h, a, b = world([Fault("redis", 5, 2, t_start=5.0, t_heal=7.0)])
+    sent(a, b, 0, 10, t=1.0, kind="group", seq=1)
+    sent(a, b, 1, 11, t=2.0, kind="group", seq=2)
+    sent(b, a, 0, 12, t=3.0, kind="group", seq=3)  # b's own, before the loss
+    plan_b = plan_unread(h, FirstPick(), counters={"g": 3})[1]
+    assert plan_b.expect["g:g"] == (0, 2)  # 2 and 3 unread unless seq 3's read reached MongoDB
+
+
 def test_a_send_never_acked_may_count():
     # Stored, its ack lost, never resent: it is in the receiver's box all the same.
     h, a, b = world([])

@@ -24,6 +24,17 @@ async def scan(redis: Any, pattern: str) -> list[bytes]:
     return [key async for key in redis.scan_iter(match=pattern, count=1000)]
 
 
+async def acked_send(client: Any, to: str, cmid: str, body: str) -> dict[str, Any]:
+    """Sent, and resent with the same cmid while the store is busy (as clients do)."""
+    for _ in range(10):
+        reply: dict[str, Any] = await client.request("send", to=to, cmid=cmid, body=body)
+        if reply["op"] == "ack":
+            return reply
+        assert reply.get("code") == "unavailable", reply
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"never acked: {reply}")
+
+
 async def test_sends_to_ten_thousand_invented_ids_leave_no_key_without_a_ttl(
         node, connect, http, redis_client):
     """A sender who makes up recipients can fill Redis only for a while: every
@@ -165,12 +176,7 @@ async def test_calls_that_find_an_inbox_lost_share_one_rebuild(node, connect, ht
     me, peer = uid("me"), uid("peer")
     cp = await connect(node, peer)
     for i in range(3):
-        for _ in range(10):  # resent with the same cmid while the store is busy, as clients do
-            reply = await cp.request("send", to=me, cmid=f"m{i}", body=f"hi {i}")
-            if reply["op"] == "ack":
-                break
-            await asyncio.sleep(0.5)
-        assert reply["op"] == "ack", reply
+        await acked_send(cp, me, f"m{i}", f"hi {i}")
     await redis_client.delete(KEYS.inbox_meta(me), KEYS.unread_mids(me), KEYS.convs(me),
                               KEYS.conv_last(me))
     offline: Any = node.stores.offline
@@ -193,3 +199,56 @@ async def test_calls_that_find_an_inbox_lost_share_one_rebuild(node, connect, ht
         offline.source = source
     assert reads == [me]
     assert all(p["total_unread"] == 3 for p in pages)
+
+
+async def test_a_read_made_while_the_inbox_is_rebuilt_neither_restarts_nor_is_undone(
+        node, connect, http, redis_client):
+    """A user who reads while its inbox is rebuilt (after a Redis loss, every
+    message read as it arrives) must not keep the rebuild from finishing: the
+    read is kept beside the incomplete keys and the rebuild's merge applies it,
+    where MongoDB's read mark, read before the read, would put its mids back."""
+    me, peer = uid("me"), uid("peer")
+    cp = await connect(node, peer)
+    mids = []
+    for i in range(3):
+        mids.append((await acked_send(cp, me, f"m{i}", f"hi {i}"))["mid"])
+    await redis_client.delete(KEYS.inbox_meta(me), KEYS.unread_mids(me), KEYS.convs(me),
+                              KEYS.conv_last(me))
+    offline: Any = node.stores.offline
+    source = offline.source
+    reads: list[str] = []
+    marks_read, go_on = asyncio.Event(), asyncio.Event()
+
+    class Held:  # the real MongoDB source: box reads counted, held after the marks are read
+        def __getattr__(self, name: str) -> Any:
+            return getattr(source, name)
+
+        async def inbox_entries(self, owner: str, limit: int) -> Any:
+            reads.append(owner)
+            return await source.inbox_entries(owner, limit)
+
+        async def read_marks(self, user: str, convs: Any) -> Any:
+            got = await source.read_marks(user, convs)
+            marks_read.set()
+            await go_on.wait()
+            return got
+
+    offline.source = Held()
+    h = http(me, node)
+    try:
+        listing = asyncio.create_task(h.ok("GET", "/v1/conversations"))
+        await asyncio.wait_for(marks_read.wait(), 10)
+        # Read up to the second message while the rebuild holds marks from before.
+        reading = asyncio.create_task(
+            h.ok("POST", f"/v1/conversations/{peer}/read", json={"mid": mids[1]}))
+        await until(lambda: redis_client.hexists(KEYS.inbox_meta(me), f"r|{peer}"), timeout=10)
+        go_on.set()
+        await asyncio.wait_for(asyncio.gather(listing, reading), 10)
+    finally:
+        go_on.set()
+        offline.source = source
+    assert reads == [me]  # one rebuild, not started over
+    page = await h.ok("GET", "/v1/conversations")
+    assert page["total_unread"] == 1
+    assert {r["conv"]: r["unread"] for r in page["conversations"]} == {peer: 1}
+    assert set(await redis_client.hkeys(KEYS.inbox_meta(me))) == {b"~"}
