@@ -75,6 +75,11 @@ class NodeMetrics:
             "im_store_command_seconds", "Time one MongoDB command took, by command, "
             "collection, query shape (the fields a read filters and sorts on) and outcome",
             ["command", "collection", "shape", "outcome"], buckets=stage_buckets, registry=r)
+        self.sync_reads = Histogram(
+            "im_sync_cursor_age_seconds", "How far back a sync's cursor (since) is, by where "
+            "its 1:1 page was read: redis (the offline store vouched for the range) or mongo "
+            "(the boxes: after a Redis loss, or a cursor older than the offline store)",
+            ["source"], buckets=(1, 5, 15, 60, 300, 1800, 3600, 86_400, 604_800), registry=r)
         self.loop_lag = Histogram(
             "im_loop_lag_seconds", "How late a 100 ms timer on the event loop fires: the "
             "loop's longest turns (a big write, a GC pause, a blocking call)",

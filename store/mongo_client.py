@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from pymongo import AsyncMongoClient, monitoring
+from pymongo import AsyncMongoClient, IndexModel, monitoring
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, PyMongoError
@@ -111,9 +111,19 @@ async def mongo_guard() -> AsyncIterator[None]:
 
 
 async def ensure_indexes(db: AsyncDatabase[dict[str, Any]], indexes: list[Index]) -> None:
+    """Create the indexes a collection does not have yet (by name), all of a
+    collection in one command. A node's start costs one ``listIndexes`` per
+    collection once they exist: a busy store is not asked to check every
+    index again whenever a node restarts."""
+    wanted: dict[str, list[IndexModel]] = {}
+    for collection, keys, options in indexes:
+        wanted.setdefault(collection, []).append(IndexModel(keys, **options))
     async with mongo_guard():
-        for collection, keys, options in indexes:
-            await db[collection].create_index(keys, **options)
+        for collection, models in wanted.items():
+            have = {str(ix["name"]) async for ix in await db[collection].list_indexes()}
+            missing = [m for m in models if m.document["name"] not in have]
+            if missing:
+                await db[collection].create_indexes(missing)
 
 
 async def insert_each(collection: AsyncCollection[dict[str, Any]],

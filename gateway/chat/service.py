@@ -245,8 +245,11 @@ class ChatService:
             page = await self.offline.page(user, since, count)
         except Unavailable:
             page = None
+        age = max(0.0, time.time() - mid_time_ms(since) / 1000) if since else 604_800.0
         if page is not None and page.complete:
+            self.metrics.sync_reads.labels("redis").observe(age)
             return [(mid, orjson.Fragment(raw)) for mid, raw in page.rows]
+        self.metrics.sync_reads.labels("mongo").observe(age)
         stored = await self.messages.box_page(user, after=since, limit=count)
         return [(m.mid, frame_of(m, user)) for m in stored]
 

@@ -85,6 +85,8 @@ class Nemesis:
             print("store commands by time waited (all node processes):",
                   *(f"  {r['seconds']:8.1f} s {r['count']:8d} x {r['mean_ms']:8.1f} ms  "
                     f"{r['command']}" for r in self._load), sep="\n", file=sys.stderr)
+            print("sync cursor ages by source (all node processes):",
+                  self.store_load.sync_ages(), file=sys.stderr)
         return self._load
 
     async def _set_up_clients(self) -> None:
@@ -105,6 +107,7 @@ class Nemesis:
         cancelled = await self.workload.stop_traffic()
         report = await self.check()
         report["store_commands"] = await self._store_load()
+        report["sync_cursor_ages"] = self.store_load.sync_ages()
         report["pumps_cancelled"] = cancelled
         report["traffic_s"] = round(t_stop - self.t0, 1)
         return report

@@ -16,6 +16,8 @@ import httpx
 __all__ = ["StoreLoad", "top_commands"]
 
 _LINE = re.compile(r'^im_store_command_seconds_(sum|count)\{(.*)\} ([0-9.eE+-]+)$')
+_AGE = re.compile(r'^im_sync_cursor_age_seconds_bucket'
+                  r'\{le="([^"]+)",source="(\w+)"\} ([0-9.eE+-]+)$')
 PERIOD_S = 5.0
 
 
@@ -23,6 +25,7 @@ class StoreLoad:
     def __init__(self, nodes: Callable[[], list[tuple[int, str]]]) -> None:
         self.nodes = nodes  # () -> [(pid, http url)] of the processes up now
         self._last: dict[int, dict[str, tuple[float, float]]] = {}  # pid -> labels -> (s, n)
+        self._ages: dict[int, dict[tuple[str, str], float]] = {}  # pid -> (source, le) -> n
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -41,12 +44,33 @@ class StoreLoad:
         except httpx.HTTPError:
             return
         seen: dict[str, list[float]] = {}
+        ages: dict[tuple[str, str], float] = {}
         for line in text.splitlines():
             m = _LINE.match(line)
             if m:
                 pair = seen.setdefault(m.group(2), [0.0, 0.0])
                 pair[0 if m.group(1) == "sum" else 1] = float(m.group(3))
+            elif a := _AGE.match(line):
+                ages[(a.group(2), a.group(1))] = float(a.group(3))
         self._last[pid] = {k: (v[0], v[1]) for k, v in seen.items()}
+        self._ages[pid] = ages
+
+    def sync_ages(self) -> dict[str, dict[str, int]]:
+        """Per source of a sync's 1:1 page (redis, mongo): how many syncs had a
+        cursor at most 15 s, 60 s, 300 s old, and older (``im_sync_cursor_age_seconds``)."""
+        total: dict[tuple[str, str], float] = {}
+        for series in self._ages.values():
+            for key, n in series.items():
+                total[key] = total.get(key, 0.0) + n
+        out: dict[str, dict[str, int]] = {}
+        for source in sorted({src for src, _ in total}):
+            def upto(le: str, source: str = source) -> int:
+                return int(total.get((source, le), 0))
+            every = upto("+Inf")
+            out[source] = {"<=15s": upto("15.0"), "15-60s": upto("60.0") - upto("15.0"),
+                           "60-300s": upto("300.0") - upto("60.0"),
+                           ">300s": every - upto("300.0")}
+        return out
 
     async def stop(self) -> list[dict[str, Any]]:
         """The top commands by time waited, over every process of the run."""
