@@ -71,6 +71,7 @@ class OfflineRedis:
         self._read = Lua("read.lua")
         self._ack = Lua("offline_ack.lua")
         self._page = Lua("offline_page.lua")
+        self._fill_offline = Lua("offline_fill.lua")
         self._convs = Lua("conversations.lua")
         # One rebuild per user at a time on this node: the calls that find the
         # keys incomplete meanwhile wait for it (after a Redis loss every call
@@ -141,7 +142,7 @@ class OfflineRedis:
             for e in erasures:
                 batch.script(self._erase, [k.offline(e.user), k.convs(e.user),
                                            k.conv_last(e.user), k.inbox_meta(e.user),
-                                           k.unread_mids(e.user)],
+                                           k.unread_mids(e.user), k.offline_meta(e.user)],
                              [e.mid, e.conv, "recall" if e.recall else "forget", e.frame,
                               e.frame_mid, unread_member(e.conv, e.mid), ttl])
             await batch.execute()
@@ -157,11 +158,30 @@ class OfflineRedis:
             raw = await self._page(
                 self.redis, [self.keys.offline(user), self.keys.offline_meta(user)], [since, count]
             )
-        floor = raw[0]
+        floor, version = raw[0], raw[1].decode() if isinstance(raw[1], bytes) else str(raw[1])
         if floor is None or floor is False or int(floor) > since:
-            return OfflinePage(False, [])
-        rows = [(int(float(raw[i + 1])), raw[i]) for i in range(1, len(raw), 2)]
-        return OfflinePage(True, rows)
+            return OfflinePage(False, [], version)
+        rows = [(int(float(raw[i + 1])), raw[i]) for i in range(2, len(raw), 2)]
+        return OfflinePage(True, rows, version)
+
+    async def fill(self, user: str, since: int, version: str,
+                   rows: Sequence[tuple[int, bytes]], whole: bool) -> bool:
+        """``offline_fill.lua``: after a Redis loss the store vouches only for
+        what was delivered since, and every client's cursor is older; the first
+        sync that read MongoDB puts its page here, and the next from there is
+        answered by Redis."""
+        if not rows and not whole:
+            return False
+        lim = self.limits
+        oldest = mid_for_time_ms(int(time.time() * 1000) - lim.offline_ttl_s * 1000)
+        args: list[Any] = [since, version, "1" if whole else "0", rows[-1][0] if rows else since,
+                           lim.offline_max, oldest, lim.offline_ttl_s]
+        for mid, member in rows:
+            args += [mid, member]
+        async with redis_guard():
+            done = await self._fill_offline(
+                self.redis, [self.keys.offline(user), self.keys.offline_meta(user)], args)
+        return bool(done)
 
     async def recent(self, users: Sequence[str], since: int, count: int) -> list[list[bytes]]:
         """Each user's offline entries after ``since`` (oldest first), one round trip."""

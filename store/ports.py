@@ -79,6 +79,12 @@ class OfflineStore(Protocol):
 
     async def page(self, user: str, since: int, count: int) -> OfflinePage: ...
 
+    async def fill(self, user: str, since: int, version: str,
+                   rows: Sequence[tuple[int, bytes]], whole: bool) -> bool:
+        """Put a page MongoDB answered after ``since`` (``whole``: all it had)
+        here, to vouch from ``since`` on; False if it could not (see the script)."""
+        ...
+
     async def recent(self, users: Sequence[str], since: int, count: int
                      ) -> list[list[bytes]]: ...
 

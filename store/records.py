@@ -90,10 +90,13 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class OfflinePage:
-    """``complete`` False: the store cannot vouch for (since, ...]; ask MongoDB."""
+    """``complete`` False: the store cannot vouch for (since, ...]; ask MongoDB.
+    ``version``: how many removals (acks, erasures) the store had seen, for a
+    ``fill`` from what MongoDB answered instead."""
 
     complete: bool
     rows: list[tuple[int, bytes]]
+    version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

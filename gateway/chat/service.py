@@ -251,7 +251,15 @@ class ChatService:
             return [(mid, orjson.Fragment(raw)) for mid, raw in page.rows]
         self.metrics.sync_reads.labels("mongo").observe(age)
         stored = await self.messages.box_page(user, after=since, limit=count)
-        return [(m.mid, frame_of(m, user)) for m in stored]
+        rows = [(m.mid, frame_of(m, user)) for m in stored]
+        if page is not None:  # Redis answered: from here on it can vouch (OfflineStore.fill)
+            try:
+                await self.offline.fill(user, since, page.version,
+                                        [(mid, encode(f)) for mid, f in rows],
+                                        whole=len(rows) < count)
+            except Unavailable:
+                pass  # the next sync reads MongoDB again
+        return rows
 
     async def history(self, user: str, conv: str, before: int | None, limit: int
                       ) -> tuple[list[dict[str, Any]], int | None]:

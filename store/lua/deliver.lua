@@ -24,10 +24,13 @@
 local mid = tonumber(ARGV[1])
 local function fmt(n) return string.format('%.0f', n) end
 
-if redis.call('EXISTS', KEYS[2]) == 0 then
+if redis.call('HEXISTS', KEYS[2], 'floor') == 0 then
   -- A new or lost store: it can only vouch for what arrives from now on.
   redis.call('HSET', KEYS[2], 'floor', fmt(mid - 1))
 end
+-- A copy offline_fill.lua put here from MongoDB (the same bytes and a
+-- trailing space) gives way: the delivery is new all the same.
+redis.call('ZREM', KEYS[1], ARGV[2] .. ' ')
 local added = redis.call('ZADD', KEYS[1], mid, ARGV[2])
 
 -- Trim by age, then by count; the floor rises to the highest mid removed.

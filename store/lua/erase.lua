@@ -2,6 +2,9 @@
 -- in its place) or deleted for this user.
 -- KEYS[1] offline zset   KEYS[2] conversations zset   KEYS[3] last message hash
 -- KEYS[4] inbox meta hash KEYS[5] unread zset (see deliver.lua)
+-- KEYS[6] offline meta hash: 'x' counts the erasure, so a fill of the
+--         offline store from MongoDB read before it (offline_fill.lua) does
+--         not put the message back as it was
 -- ARGV[1] mid   ARGV[2] conv
 -- ARGV[3] 'recall': ARGV[4] is the tombstone (offline entry and, if it was the
 --         conversation's last, the last message)
@@ -13,6 +16,10 @@
 -- complete, 'v' is bumped (a rebuild that read MongoDB before the erasure
 -- started over). Returns the conversation's unread count.
 local mid, conv = ARGV[1], ARGV[2]
+redis.call('HINCRBY', KEYS[6], 'x', 1)
+if redis.call('TTL', KEYS[6]) < 0 then
+  redis.call('EXPIRE', KEYS[6], ARGV[7])
+end
 local had = redis.call('ZCOUNT', KEYS[1], mid, mid) > 0
 if had then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], mid, mid)

@@ -40,9 +40,12 @@ class StoreLoad:
 
     async def _read(self, client: httpx.AsyncClient, pid: int, url: str) -> None:
         try:
-            text = (await client.get(f"{url}/metrics")).text
+            got = await client.get(f"{url}/metrics")
         except httpx.HTTPError:
             return
+        if got.status_code != 200:  # a busy or draining node: keep its last reading
+            return
+        text = got.text
         seen: dict[str, list[float]] = {}
         ages: dict[tuple[str, str], float] = {}
         for line in text.splitlines():

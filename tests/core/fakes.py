@@ -234,6 +234,12 @@ class FakeOffline(Faulty):
         return OfflinePage(True, sorted((m, f) for m, f in box.entries.items() if m > since)
                            [:count])
 
+    async def fill(self, user: str, since: int, version: str,
+                   rows: Sequence[tuple[int, bytes]], whole: bool) -> bool:
+        """Never fills (allowed: "could not"); the fill is tested on Redis."""
+        self._up("fill")
+        return False
+
     async def recent(self, users: Sequence[str], since: int, count: int
                      ) -> list[list[bytes]]:
         self._up("recent")

@@ -68,3 +68,83 @@ async def test_recv_ack_and_sync_ack_drop_offline_entries(node, connect, http, r
     # Acked entries are gone from Redis, not from the user's history.
     page = (await http(b).get("/v1/sync", params={"since": 0})).json()
     assert [m["mid"] for m in page["msgs"]] == mids
+
+
+def _synced(node, source: str) -> float:
+    got = node.metrics.registry.get_sample_value("im_sync_cursor_age_seconds_count",
+                                                 {"source": source})
+    return got or 0.0
+
+
+async def test_after_a_redis_loss_the_first_sync_from_mongodb_lets_redis_answer_the_next(
+        node, connect, http, redis_client):
+    """After a Redis loss the offline store vouches only for what came since,
+    and every client's cursor is older: the first sync that read the boxes puts
+    its page in the store, the next sync from there is answered by Redis, the
+    same, and a message delivered meanwhile is there once."""
+    a, c = uid("a"), uid("c")
+    ca = await connect(node, a)
+    mids = [(await ca.request("send", to=c, cmid=f"l{i}", body=i))["mid"] for i in range(3)]
+    await redis_client.delete(KEYS.offline(c), KEYS.offline_meta(c))
+    mids.append((await ca.request("send", to=c, cmid="after", body=3))["mid"])
+    hc = http(c, node)
+    from_mongo = _synced(node, "mongo")
+    first = (await hc.get("/v1/sync", params={"since": 0})).json()
+    assert [m["mid"] for m in first["msgs"]] == mids
+    assert _synced(node, "mongo") == from_mongo + 1
+    assert await redis_client.hget(KEYS.offline_meta(c), "floor") == b"0"
+
+    mids.append((await ca.request("send", to=c, cmid="later", body=4))["mid"])
+    from_redis = _synced(node, "redis")
+    second = (await hc.get("/v1/sync", params={"since": 0})).json()
+    assert _synced(node, "redis") == from_redis + 1 and _synced(node, "mongo") == from_mongo + 1
+    assert second["msgs"][:4] == first["msgs"]
+    assert [m["mid"] for m in second["msgs"]] == mids
+    assert [m["body"] for m in second["msgs"]] == [0, 1, 2, 3, 4]
+
+
+async def test_a_fill_gives_way_to_the_delivery_it_came_before(node, redis_client):
+    """A message stored in MongoDB and read by a sync before its delivery
+    reached Redis: the delivery still counts it (unread, conversation list)
+    and the store holds it once."""
+    from store.records import Delivery
+
+    offline = node.stores.offline
+    a, c = uid("a"), uid("c")
+    mid = node.app.chat.mids.next()
+    frame = b'{"op":"msg","mid":%d,"from":"%s","body":"x"}' % (mid, a.encode())
+    page = await offline.page(c, 0, 10)
+    assert not page.complete
+    assert await offline.fill(c, 0, page.version, [(mid, frame)], whole=True)
+    await offline.deliver([Delivery(c, a, mid, frame, True)], [])
+    members = await redis_client.zrange(KEYS.offline(c), 0, -1)
+    assert members == [frame]
+    total, rows = await offline.conversations(c, 10)
+    assert total == 1 and [(r.conv, r.mid, r.unread) for r in rows] == [(a, mid, 1)]
+
+
+async def test_a_fill_read_before_an_ack_or_a_recall_writes_nothing(node, connect, http,
+                                                                    redis_client):
+    """What a sync read from MongoDB before an ack or a recall is not put back."""
+    a, c = uid("a"), uid("c")
+    ca = await connect(node, a)
+    mids = [(await ca.request("send", to=c, cmid=f"f{i}", body=i))["mid"] for i in range(3)]
+    offline = node.stores.offline
+    frames = await redis_client.zrange(KEYS.offline(c), 0, -1)
+    # A store that vouches for less than the page: the floor above its start.
+    await redis_client.hset(KEYS.offline_meta(c), "floor", mids[0])
+    before = await offline.page(c, 0, 10)
+    assert not before.complete
+    await ca.request("recall", mid=mids[2])
+    rows = list(zip(mids, frames, strict=True))
+    assert not await offline.fill(c, 0, before.version, rows, whole=True)
+    before = await offline.page(c, 0, 10)
+    await offline.ack(c, upto=mids[1])
+    assert not await offline.fill(c, 0, before.version, rows, whole=True)
+    assert await redis_client.hget(KEYS.offline_meta(c), "floor") == str(mids[1]).encode()
+    again = await offline.page(c, 0, 10)
+    assert await offline.fill(c, 0, again.version, rows, whole=True)
+    assert await redis_client.hget(KEYS.offline_meta(c), "floor") == b"0"
+    # The recall's tombstone stays what the store holds for that mid.
+    at_recalled = await redis_client.zrangebyscore(KEYS.offline(c), mids[2], mids[2])
+    assert len(at_recalled) == 1 and b"recalled" in at_recalled[0]
