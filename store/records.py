@@ -91,7 +91,7 @@ class Delivery:
 @dataclass(frozen=True, slots=True)
 class OfflinePage:
     """``complete`` False: the store cannot vouch for (since, ...]; ask MongoDB.
-    ``version``: how many removals (acks, erasures) the store had seen, for a
+    ``version``: how many erasures (recalls, deletions) the store had seen, for a
     ``fill`` from what MongoDB answered instead."""
 
     complete: bool

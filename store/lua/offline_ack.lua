@@ -2,9 +2,9 @@
 -- KEYS[1] offline zset   KEYS[2] offline meta hash
 -- ARGV[1] 'upto' or 'mids'; then ARGV[2] the bound, or ARGV[2..n] the mids.
 -- The floor rises to the highest mid dropped, so sync below it goes to Mongo.
--- 'x' counts the removal (offline_fill.lua does not put back what it read
--- from MongoDB before it); only on a store with a floor: an ack of a store
--- that vouches for nothing removes nothing.
+-- An ack does not move 'x': a fill read before it (offline_fill.lua) may put
+-- acked entries back, which a later sync sends again (clients drop repeats
+-- by mid); clients ack every push, so counting acks would stop every fill.
 local function fmt(n) return string.format('%.0f', n) end
 local high = 0
 if ARGV[1] == 'upto' then
@@ -17,10 +17,7 @@ else
   end
 end
 local floor = redis.call('HGET', KEYS[2], 'floor')
-if floor then
-  redis.call('HINCRBY', KEYS[2], 'x', 1)
-  if tonumber(floor) < high then
-    redis.call('HSET', KEYS[2], 'floor', fmt(high))
-  end
+if floor and tonumber(floor) < high then
+  redis.call('HSET', KEYS[2], 'floor', fmt(high))
 end
 return 1

@@ -13,9 +13,9 @@
 --   trailing space (still the same JSON): a delivery of that message still
 --   to come (deliver.lua) replaces it and counts as new (unread, conversation
 --   list), as if the fill had not been
--- Nothing is written when the store already vouches for since, when an ack or
--- an erasure came between the two reads ('x' moved: the page may hold what
--- was removed since), or when the page ends below the floor and MongoDB held
+-- Nothing is written when the store already vouches for since, when an
+-- erasure came between the two reads ('x' moved: the page may hold a message
+-- as it was before a recall), or when the page ends below the floor and MongoDB held
 -- more (a hole between the two). A mid the store holds already keeps its
 -- member (a recall's tombstone). Returns 1 if filled, else 0.
 local function fmt(n) return string.format('%.0f', n) end

@@ -1,7 +1,7 @@
 -- offline_page.lua: one page of the offline store, with its floor.
 -- KEYS[1] offline zset   KEYS[2] offline meta hash
 -- ARGV[1] since (exclusive)   ARGV[2] how many
--- Returns {floor or false, 'x' (how many removals the store has seen: acks,
+-- Returns {floor or false, 'x' (how many erasures the store has seen:
 -- recalls, deletions; '' none), member, score, member, score, ...}; floor
 -- false means the store cannot vouch for anything (new, expired or lost).
 local floor = redis.call('HGET', KEYS[2], 'floor')

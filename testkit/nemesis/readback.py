@@ -195,13 +195,17 @@ async def members_behind(h: History, room: str, final: dict[str, Any]) -> list[d
     return behind
 
 
-async def group_counters(mongo_url: str, ns: str, groups: list[str]) -> dict[str, int]:
-    """Each group's seq counter in the store."""
+async def group_counters(mongo_url: str, ns: str, groups: list[str]
+                         ) -> dict[str, tuple[int, int]]:
+    """Each group's (newest stored message's seq, seq counter) in the store:
+    seqs past the first were taken by sends whose message was never stored."""
     async with _mongo(mongo_url) as client:
         out = {}
         for g in groups:
             doc = await client[ns].groups.find_one({"_id": g})
-            out[g] = int((doc or {}).get("seq") or 0)
+            newest = await client[ns].group_msgs.find_one(
+                {"g": g, "dead": {"$ne": True}}, {"seq": 1}, sort=[("seq", -1)])
+            out[g] = (int((newest or {}).get("seq") or 0), int((doc or {}).get("seq") or 0))
         return out
 
 

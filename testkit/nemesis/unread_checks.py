@@ -9,7 +9,8 @@ random; then ``/v1/conversations`` must give, per conversation:
   are gone: docs/reference/redis-keys.md); a send never acked may have been
   stored all the same (its ack lost, never resent): it may count.
 - group: the group's seq (MongoDB's counter, the only source of seqs:
-  docs/reference/groups.md) minus the member's read seq (docs/protocol.md,
+  docs/reference/groups.md; or the newest stored message's, when sends took
+  seqs after it and were never stored) minus the member's read seq (docs/protocol.md,
   Groups); the read seq is the highest of the read mid's seq and the seqs of
   its own messages acked after the last Redis loss, or of all its own
   messages (their read seqs reach MongoDB a moment after Redis, best effort:
@@ -56,9 +57,10 @@ def redis_outages(h: History, user: str | None = None) -> list[tuple[float, floa
                                        and (slot is None or LocalRedisCluster.owns(f.node, slot))))]
 
 
-def plan_unread(h: History, rng: random.Random, counters: dict[str, int]) -> list[UnreadPlan]:
+def plan_unread(h: History, rng: random.Random, counters: dict[str, tuple[int, int]]
+                ) -> list[UnreadPlan]:
     """Each user's plan, in user order (``rng`` picks the read marks;
-    ``counters``: each group's seq counter in the store)."""
+    ``counters``: each group's newest stored seq and seq counter in the store)."""
     plans = []
     for r in h.everyone:
         outages = redis_outages(h, r.name)
@@ -110,7 +112,7 @@ def _plan_dms(h: History, plan: UnreadPlan, rng: random.Random,
 
 
 def _plan_group(h: History, plan: UnreadPlan, g: str, rng: random.Random,
-                counters: dict[str, int], last_restart: float) -> None:
+                counters: dict[str, tuple[int, int]], last_restart: float) -> None:
     mine = plan.user.name + "-"
     group_sends = [s for u in h.everyone for s in u.sends.values()
                    if s.kind == "group" and s.to == g and s.mid is not None]
@@ -128,8 +130,10 @@ def _plan_group(h: History, plan: UnreadPlan, g: str, rng: random.Random,
     # as read; those before, only if MongoDB's copy was written in time.
     surely = max([read_seq, *(seq for seq, t in own if t > last_restart)])
     maybe = max([read_seq, *(seq for seq, _ in own)])
-    counter = counters.get(g, 0)
-    plan.expect[f"g:{g}"] = (max(0, counter - maybe), max(0, counter - surely))
+    # Seqs taken after the newest stored message (sends never stored: a
+    # tombstone, or a node killed in between) may count or not.
+    newest, counter = counters.get(g, (0, 0))
+    plan.expect[f"g:{g}"] = (max(0, newest - maybe), max(0, counter - surely))
 
 
 def unread_mismatches(plan: UnreadPlan, page: dict[str, Any]) -> list[dict[str, Any]]:

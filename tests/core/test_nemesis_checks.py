@@ -198,7 +198,7 @@ def test_unread_counts_survive_a_redis_loss():
     h, a, b = world([Fault("redis", 5, 2, t_start=5.0, t_heal=7.0)])
     for k, t in enumerate((1.0, 2.0, 6.0, 8.0, 9.0)):  # before, before, during, after, after
         sent(a, b, k, 10 + k, t=t)
-    plan_b = plan_unread(h, FirstPick(), counters={"g": 0})[1]
+    plan_b = plan_unread(h, FirstPick(), counters={"g": (0, 0)})[1]
     assert plan_b.reads == {"a": 10}
     assert plan_b.expect["a"] == (4, 4) and plan_b.ambiguous == 0
     ok = {"conversations": [{"conv": "a", "unread": 4}], "total_unread": 4}
@@ -220,18 +220,21 @@ def test_own_group_messages_before_a_redis_loss_may_count_as_read():
     sent(a, b, 1, 12, t=3.0, kind="group", seq=3)
     sent(b, a, 1, 13, t=8.0, kind="group", seq=4)  # b's own, after it
     sent(a, b, 2, 14, t=9.0, kind="group", seq=5)
-    plan_b = plan_unread(h, FirstPick(), counters={"g": 5})[1]
+    plan_b = plan_unread(h, FirstPick(), counters={"g": (5, 5)})[1]
     assert plan_b.reads["g:g"] == 10  # read up to a's first (seq 1)
     assert plan_b.expect["g:g"] == (1, 1)  # seq 5 only: 4 is b's own, after the loss
     sent(b, a, 2, 15, t=9.5, kind="group", seq=6)  # ... unless b wrote last after it
-    plan_b = plan_unread(h, FirstPick(), counters={"g": 6})[1]
+    plan_b = plan_unread(h, FirstPick(), counters={"g": (6, 6)})[1]
     assert plan_b.expect["g:g"] == (0, 0)
     h, a, b = world([Fault("redis", 5, 2, t_start=5.0, t_heal=7.0)])
     sent(a, b, 0, 10, t=1.0, kind="group", seq=1)
     sent(a, b, 1, 11, t=2.0, kind="group", seq=2)
     sent(b, a, 0, 12, t=3.0, kind="group", seq=3)  # b's own, before the loss
-    plan_b = plan_unread(h, FirstPick(), counters={"g": 3})[1]
+    plan_b = plan_unread(h, FirstPick(), counters={"g": (3, 3)})[1]
     assert plan_b.expect["g:g"] == (0, 2)  # 2 and 3 unread unless seq 3's read reached MongoDB
+    # Seqs 4 and 5 taken by sends never stored: they may count.
+    plan_b = plan_unread(h, FirstPick(), counters={"g": (3, 5)})[1]
+    assert plan_b.expect["g:g"] == (0, 4)
 
 
 def test_a_send_never_acked_may_count():
@@ -241,7 +244,7 @@ def test_a_send_never_acked_may_count():
     lost = sent(a, b, 1, 11, t=2.0)
     lost.mid = lost.t_ack = None
     sent(a, b, 2, 12, t=3.0)
-    plan_b = plan_unread(h, FirstPick(), counters={"g": 0})[1]
+    plan_b = plan_unread(h, FirstPick(), counters={"g": (0, 0)})[1]
     assert plan_b.expect["a"] == (1, 2) and plan_b.ambiguous == 1
 
 
