@@ -46,9 +46,14 @@ INDEXES: list[Index] = [
     ("messages", [("n", ASCENDING), ("_id", ASCENDING)], {"name": "node_mid"}),
     ("boxes", [("owner", ASCENDING), ("conv", ASCENDING), ("mid", ASCENDING)],
      {"name": "owner_conv_mid"}),
-    # A user's box in mid order (sync, the inbox rebuild): without it a sync
-    # sorts the user's whole box in memory.
+    # A user's box in mid order (sync): without it a sync sorts the user's
+    # whole box in memory.
     ("boxes", [("owner", ASCENDING), ("mid", ASCENDING)], {"name": "owner_mid"}),
+    # A user's 1:1 entries in mid order (``d`` 1; a group's write-diffused
+    # entries have ``d`` 0), what the inbox rebuild reads: a box holds many
+    # more group entries, which the rebuild leaves out.
+    ("boxes", [("owner", ASCENDING), ("d", ASCENDING), ("mid", ASCENDING)],
+     {"name": "owner_d_mid"}),
 ]
 
 
@@ -69,10 +74,13 @@ def chat_message(d: dict[str, Any]) -> ChatMessage:
 
 
 def box_docs(m: ChatMessage, mid: int) -> list[dict[str, Any]]:
-    """The sender's and the receiver's box entries for a message stored as ``mid``."""
+    """The sender's and the receiver's box entries for a message stored as ``mid``
+    (``d`` 1: a direct message, see ``INDEXES``)."""
     return [
-        {"_id": box_id(m.sender, mid), "owner": m.sender, "conv": m.to, "mid": mid, "out": True},
-        {"_id": box_id(m.to, mid), "owner": m.to, "conv": m.sender, "mid": mid, "out": False},
+        {"_id": box_id(m.sender, mid), "owner": m.sender, "conv": m.to, "mid": mid, "out": True,
+         "d": 1},
+        {"_id": box_id(m.to, mid), "owner": m.to, "conv": m.sender, "mid": mid, "out": False,
+         "d": 1},
     ]
 
 
@@ -215,7 +223,7 @@ class MessagesMongo:
                               ) -> None:
         """A box entry per (message, member) of write-diffused groups; idempotent."""
         docs = [{"_id": box_id(u, m.mid), "owner": u, "conv": f"g:{m.group}", "mid": m.mid,
-                 "out": u == m.sender} for m, members in entries for u in members]
+                 "out": u == m.sender, "d": 0} for m, members in entries for u in members]
         if docs:
             await insert_idempotent(self.boxes, docs)
 
@@ -241,11 +249,12 @@ class MessagesMongo:
         return out
 
     async def inbox_entries(self, owner: str, limit: int) -> list[tuple[int, str, bool]]:
-        """The owner's newest box entries, as ``box_page`` reads them (equality on
-        owner, newest first, at most ``limit``)."""
+        """The owner's newest 1:1 box entries (``d`` 1, or no ``d``: written
+        before the field existed), newest first, at most ``limit``: the
+        ``owner_d_mid`` index, so the box's group entries are not read."""
         async with mongo_guard():
             return [(int(b["mid"]), str(b["conv"]), bool(b.get("out")))
-                    async for b in self.boxes.find({"owner": owner},
+                    async for b in self.boxes.find({"owner": owner, "d": {"$in": [1, None]}},
                                                    {"mid": 1, "conv": 1, "out": 1, "_id": 0})
                     .sort("mid", DESCENDING).limit(limit)]
 

@@ -42,7 +42,7 @@ from store.redis_client import Batch, Lua, RedisClient, cluster_state, redis_gua
 
 __all__ = ["REBUILD_SCAN", "OfflineRedis", "unread_member"]
 
-# A rebuild reads at most this many of the user's newest box entries: a
+# A rebuild reads at most this many of the user's newest 1:1 box entries: a
 # conversation whose last message is older is left out, and a conversation's
 # unread counts only the messages among them.
 REBUILD_SCAN = 10_000

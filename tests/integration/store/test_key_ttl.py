@@ -252,3 +252,33 @@ async def test_a_read_made_while_the_inbox_is_rebuilt_neither_restarts_nor_is_un
     assert page["total_unread"] == 1
     assert {r["conv"]: r["unread"] for r in page["conversations"]} == {peer: 1}
     assert set(await redis_client.hkeys(KEYS.inbox_meta(me))) == {b"~"}
+
+
+async def test_the_rebuild_reads_1to1_entries_only_old_ones_included(
+        node, connect, http, redis_client, mongo_db, monkeypatch):
+    """A box holds many more write-diffused group entries than 1:1 ones: the
+    rebuild's bounded read skips them (so a quiet 1:1 conversation under a
+    busy group is still listed, its unread whole), and still finds 1:1 entries
+    written before group and 1:1 entries were told apart."""
+    import store.offline_redis
+
+    monkeypatch.setattr(store.offline_redis, "REBUILD_SCAN", 4)
+    me, peer, old_peer, member = uid("me"), uid("peer"), uid("old"), uid("m")
+    cp, co = await connect(node, peer), await connect(node, old_peer)
+    await acked_send(co, me, "o0", "old")
+    # As a version before the field wrote it: no "d" on either side's entry.
+    await mongo_db.boxes.update_many({"owner": {"$in": [me, old_peer]}}, {"$unset": {"d": ""}})
+    for i in range(2):
+        await acked_send(cp, me, f"m{i}", f"hi {i}")
+    r = await http(member, node).post("/v1/groups", json={"name": "busy", "members": [me]})
+    group = r.json()["group"]
+    cm = await connect(node, member)
+    for i in range(6):
+        reply = await cm.request("group_send", group=group, cmid=f"g{i}", body=i)
+        assert reply["op"] == "ack", reply
+    assert await mongo_db.boxes.count_documents({"owner": me, "d": 0}) == 6
+    await redis_client.delete(KEYS.inbox_meta(me), KEYS.unread_mids(me), KEYS.convs(me),
+                              KEYS.conv_last(me))
+    page = await http(me, node).ok("GET", "/v1/conversations")
+    unread = {c["conv"]: c["unread"] for c in page["conversations"]}
+    assert unread == {peer: 2, old_peer: 1, f"g:{group}": 6}
