@@ -225,6 +225,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         return min([*marks.values(), *([own] if own is not None else [])], default=None)
 
     conversations = Conversations(chat, groups, s.sync_settle_ms, low_mark)
+    replay.low_mark = low_mark  # a replay reaches back to sends in flight
     live = LiveRooms(name, RoomRules.from_settings(s), metrics, room_hub, router, stores.rooms,
                      bindings,
                      stores.sanctions, stores.room_history)

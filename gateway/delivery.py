@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import orjson
@@ -36,6 +37,7 @@ log = logging.getLogger("gateway.delivery")
 
 REPLAY_PAGE = 200  # offline entries read per user and round trip when replaying
 REPLAY_MAX = 2000  # per user and replay: an outage longer than that is in sync
+LOW_MARK_SAMPLES = 1200  # ten minutes of the low mark, shared every half second
 
 
 class Pusher(Protocol):
@@ -127,12 +129,33 @@ class Replay:
         self.offline = offline
         self.metrics = metrics
         self._tasks: set[asyncio.Task[None]] = set()
+        # The sync low mark (the oldest mid in flight on any node), sampled each
+        # time the nodes share it: a message published during an outage may
+        # carry a mid issued long before it (a slow store, a resend keeping its
+        # first attempt's mid), below a replay window of wall time alone.
+        self.low_mark: Callable[[], int | None] = lambda: None
+        self._lows: deque[tuple[float, int]] = deque(maxlen=LOW_MARK_SAMPLES)
+
+    def note_low_mark(self, now: float) -> None:
+        """Sample the low mark (every time the nodes share it)."""
+        low = self.low_mark()
+        if low is not None:
+            self._lows.append((now, low))
+
+    def _since(self, at: float) -> int:
+        """The replay's start for pushes lost from ``at`` (unix s) on: two
+        seconds before it, or the oldest mid in flight since then if older."""
+        lows = [m for t, m in self._lows if t >= at - 2.0]
+        now = self.low_mark()
+        if now is not None:
+            lows.append(now)
+        return min([mid_for_time_ms(int((at - 2.0) * 1000)), *(m - 1 for m in lows)])
 
     def resumed(self, lost_at: float, why: str = "broker outage") -> None:
         """Pushes since ``lost_at`` may have gone nowhere: the broker link is back
         (``Router.when_resumed``), or Redis lost the routes and they are written
         again (``why`` says which, in the log)."""
-        since = mid_for_time_ms(int((lost_at - 2.0) * 1000))
+        since = self._since(lost_at)
         task = asyncio.create_task(self._replay(list(self.hub.users), since, why))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -140,7 +163,7 @@ class Replay:
     def registered_late(self, client: Client, connected_at: float) -> None:
         """``client`` gets pushes from now on; what came for it between its
         connect and now (1:1 and write-diffused group messages) comes again."""
-        since = mid_for_time_ms(int((connected_at - 2.0) * 1000))
+        since = self._since(connected_at)
         task = asyncio.create_task(self._replay_one(client, since))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

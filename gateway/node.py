@@ -324,6 +324,7 @@ class Node:
             shared = await self.stores.nodes.share_inflight(
                 self.name, app.inflight.oldest(time.monotonic()), self._dead_marks)
         except Unavailable:
+            app.replay.note_low_mark(time.time())
             return  # Redis is down: the heartbeat says so; no send completes meanwhile
         now = time.time()
         others = {n: m for n, m in shared.items() if n != self.name}
@@ -338,6 +339,7 @@ class Node:
         app.marks.clear()
         app.marks.update({n: m for n, m in others.items() if n in live})
         app.marks.update(held)
+        app.replay.note_low_mark(now)
 
     async def healthy(self) -> bool:
         """Serving: not draining, the broker link up (its state, no I/O), Redis

@@ -29,3 +29,31 @@ async def test_the_replay_stops_at_its_cap() -> None:
     offline = await offline_with({"bob": REPLAY_MAX + REPLAY_PAGE * 2})
     [bob] = await entries_since(offline, ["bob"], 0)
     assert len(bob) == REPLAY_MAX
+
+
+def test_a_replay_reaches_back_to_the_sends_in_flight_during_the_outage() -> None:
+    """A message published during an outage can carry a mid issued long before
+    it (a slow store, a resend keeping its first attempt's mid): the replay
+    starts below the oldest mid in flight since the outage began, not only two
+    seconds before it."""
+    from core.ids import mid_for_time_ms
+    from gateway.delivery import Replay
+    from gateway.hub import Hub
+    from gateway.metrics import NodeMetrics
+
+    metrics = NodeMetrics()
+    replay = Replay(Hub(metrics, 1 << 20), FakeOffline(FakeDedup(), FakeRoutes()), metrics)
+    t = 1_800_000_000.0
+    plain = mid_for_time_ms(int((t - 2.0) * 1000))
+    assert replay._since(t) == plain  # nothing in flight ever seen
+    marks = iter([mid_for_time_ms(int((t - 30) * 1000)),  # before the outage: no matter
+                  mid_for_time_ms(int((t - 15) * 1000)),  # in flight during it
+                  None])
+    replay.low_mark = lambda: next(marks)
+    replay.note_low_mark(t - 10)
+    replay.note_low_mark(t + 1)
+    replay.note_low_mark(t + 2)  # nothing in flight: not kept
+    replay.low_mark = lambda: None
+    assert replay._since(t) == mid_for_time_ms(int((t - 15) * 1000)) - 1
+    replay.low_mark = lambda: mid_for_time_ms(int((t - 20) * 1000))  # in flight now
+    assert replay._since(t) == mid_for_time_ms(int((t - 20) * 1000)) - 1
