@@ -80,6 +80,10 @@ class NodeMetrics:
             "its 1:1 page was read: redis (the offline store vouched for the range) or mongo "
             "(the boxes: after a Redis loss, or a cursor older than the offline store)",
             ["source"], buckets=(1, 5, 15, 60, 300, 1800, 3600, 86_400, 604_800), registry=r)
+        self.offline_fills = Counter(
+            "im_offline_fills_total", "Syncs that read MongoDB and put what they read into "
+            "the offline store (filled), or could not (refused: a hole below its floor, a "
+            "recall or deletion meanwhile, or Redis failed)", ["outcome"], registry=r)
         self.loop_lag = Histogram(
             "im_loop_lag_seconds", "How late a 100 ms timer on the event loop fires: the "
             "loop's longest turns (a big write, a GC pause, a blocking call)",

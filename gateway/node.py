@@ -83,7 +83,7 @@ class Node:
         self._beat_failed = False  # a beat failed since the last one Redis answered
         self._dead_marks: list[str] = []  # dead nodes' in-flight entries, dropped next time
         self._dead_sends = DeadSends(
-            lambda *span: self.app.chat.redeliver(*span),
+            self._redeliver,
             lambda dead: self.stores.nodes.claim_dead(dead, self.name, CLAIM_TTL_S))
         self._app: App | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -315,6 +315,12 @@ class Node:
             self._routes_lost_after = None
             app.replay.resumed(lost_after, why)
             app.live.rewrite_counts()
+
+    async def _redeliver(self, node_id: int, low: int, high: int) -> int:
+        """What a dead node stored from its in-flight mark on: 1:1, then group."""
+        app = self.app
+        return (await app.chat.redeliver(node_id, low, high)
+                + await app.groups.redeliver(node_id, low, high))
 
     async def _share_inflight(self) -> None:
         """This node's oldest mid in flight to the others, theirs here (the live

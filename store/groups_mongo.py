@@ -325,6 +325,14 @@ class GroupsMongo:
             d = await self.msgs.find_one({"g": group, "mid": mid})
         return group_message(d) if d is not None else None
 
+    async def between(self, low: int, high: int, limit: int) -> list[GroupMessage]:
+        """The ``mid`` index, a range of a few seconds (what a dead node may have
+        stored without recording it); tombstones left out."""
+        async with mongo_guard():
+            return [group_message(d) async for d in self.msgs.find(
+                {"mid": {"$gte": low, "$lte": high}, "dead": {"$ne": True}})
+                .sort("mid", ASCENDING).limit(limit)]
+
     async def seq_of(self, group: str, mid: int) -> int | None:
         async with mongo_guard():
             d = await self.msgs.find_one({"g": group, "mid": mid}, {"seq": 1})

@@ -47,6 +47,7 @@ log = logging.getLogger("gateway.chat.service")
 # with it (devices drop repeats by mid). Older resends are answered only.
 REPUSH_WINDOW_S = 60.0
 REDELIVER_PAGE = 2000  # messages read at once when a dead node's sends are put right
+FILL_READ = 1000  # box entries a sync reads from MongoDB when it can refill the offline store
 
 
 class IdSource(Protocol):
@@ -250,16 +251,23 @@ class ChatService:
             self.metrics.sync_reads.labels("redis").observe(age)
             return [(mid, orjson.Fragment(raw)) for mid, raw in page.rows]
         self.metrics.sync_reads.labels("mongo").observe(age)
-        stored = await self.messages.box_page(user, after=since, limit=count)
-        rows = [(m.mid, frame_of(m, user)) for m in stored]
-        if page is not None:  # Redis answered: from here on it can vouch (OfflineStore.fill)
-            try:
-                await self.offline.fill(user, since, page.version,
-                                        [(mid, encode(f)) for mid, f in rows],
-                                        whole=len(rows) < count)
-            except Unavailable:
-                pass  # the next sync reads MongoDB again
-        return rows
+        if page is None:  # Redis is down: this page only
+            return [(m.mid, frame_of(m, user)) for m in
+                    await self.messages.box_page(user, after=since, limit=count)]
+        # Redis answered: read up to FILL_READ entries, enough to reach the
+        # store's floor after a loss, and keep them there (OfflineStore.fill),
+        # so that the next sync from here on is answered by Redis.
+        read = max(count, FILL_READ)
+        rows = [(m.mid, frame_of(m, user)) for m in
+                await self.messages.box_page(user, after=since, limit=read)]
+        try:
+            filled = await self.offline.fill(user, since, page.version,
+                                             [(mid, encode(f)) for mid, f in rows],
+                                             whole=len(rows) < read)
+        except Unavailable:
+            filled = False  # the next sync reads MongoDB again
+        self.metrics.offline_fills.labels("filled" if filled else "refused").inc()
+        return rows[:count]
 
     async def history(self, user: str, conv: str, before: int | None, limit: int
                       ) -> tuple[list[dict[str, Any]], int | None]:

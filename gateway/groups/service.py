@@ -28,13 +28,13 @@ import orjson
 from core import dedup, groupseq, inbox
 from core.batcher import Batcher
 from core.errors import Unavailable
-from core.ids import mid_time_ms
+from core.ids import mid_time_ms, node_of
 from core.inbox import Position
 from core.inflight import InFlight
 from core.paging import seek_page
 from core.ttl_cache import TtlCache
 from gateway.chat.claims import Claims
-from gateway.chat.service import REPUSH_WINDOW_S, IdSource
+from gateway.chat.service import REDELIVER_PAGE, REPUSH_WINDOW_S, IdSource
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.frames import encode_group, group_frame
@@ -148,6 +148,26 @@ class GroupService:
         self.inflight.done(mid)
         m = done.msg  # for a resend MongoDB already had: its original mid
         return GroupSendResult(m.mid, m.seq, mid_time_ms(m.mid), done.frame, m.wd)
+
+    async def redeliver(self, node_id: int, low: int, high: int) -> int:
+        """Record the group messages node ``node_id`` stored with ``low <= mid <=
+        high``: the group's state, write-diffused members' boxes and offline
+        entries, the senders' sends acked (as ``ChatService.redeliver`` for 1:1:
+        a node that died between storing a message and recording it leaves it
+        where sync cursors pass it by). Idempotent; returns how many."""
+        done = 0
+        while low <= high:
+            msgs = await self.store.between(low, high, REDELIVER_PAGE)
+            ours = [_Stored(m, encode_group(m)) for m in msgs
+                    if node_of(m.mid) == node_id and not m.recalled]
+            if ours:
+                await self.diffusion.diffuse([(s.msg, s.frame) for s in ours if s.msg.wd])
+                await self._record(ours)
+                done += len(ours)
+            if len(msgs) < REDELIVER_PAGE:
+                break
+            low = msgs[-1].mid + 1
+        return done
 
     async def _repeat(self, group: str, mid: int, seq: int) -> GroupSendResult:
         """A resend of an acked group message: the same mid and seq, and its push

@@ -18,6 +18,7 @@ __all__ = ["StoreLoad", "top_commands"]
 _LINE = re.compile(r'^im_store_command_seconds_(sum|count)\{(.*)\} ([0-9.eE+-]+)$')
 _AGE = re.compile(r'^im_sync_cursor_age_seconds_bucket'
                   r'\{le="([^"]+)",source="(\w+)"\} ([0-9.eE+-]+)$')
+_FILL = re.compile(r'^im_offline_fills_total\{outcome="(\w+)"\} ([0-9.eE+-]+)$')
 PERIOD_S = 5.0
 
 
@@ -55,18 +56,22 @@ class StoreLoad:
                 pair[0 if m.group(1) == "sum" else 1] = float(m.group(3))
             elif a := _AGE.match(line):
                 ages[(a.group(2), a.group(1))] = float(a.group(3))
+            elif f := _FILL.match(line):
+                ages[("fills", f.group(1))] = float(f.group(2))
         self._last[pid] = {k: (v[0], v[1]) for k, v in seen.items()}
         self._ages[pid] = ages
 
     def sync_ages(self) -> dict[str, dict[str, int]]:
         """Per source of a sync's 1:1 page (redis, mongo): how many syncs had a
-        cursor at most 15 s, 60 s, 300 s old, and older (``im_sync_cursor_age_seconds``)."""
+        cursor at most 15 s, 60 s, 300 s old, and older (``im_sync_cursor_age_seconds``);
+        and ``fills``: the offline store refills by outcome (``im_offline_fills_total``)."""
         total: dict[tuple[str, str], float] = {}
         for series in self._ages.values():
             for key, n in series.items():
                 total[key] = total.get(key, 0.0) + n
-        out: dict[str, dict[str, int]] = {}
-        for source in sorted({src for src, _ in total}):
+        out: dict[str, dict[str, int]] = {
+            "fills": {k: int(n) for (src, k), n in total.items() if src == "fills"}}
+        for source in sorted({src for src, _ in total} - {"fills"}):
             def upto(le: str, source: str = source) -> int:
                 return int(total.get((source, le), 0))
             every = upto("+Inf")

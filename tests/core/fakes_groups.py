@@ -211,6 +211,11 @@ class FakeGroupStore(Faulty):
         self._up("message")
         return next((m for m in self._live(group) if m.mid == mid), None)
 
+    async def between(self, low: int, high: int, limit: int) -> list[GroupMessage]:
+        self._up("between")
+        return sorted((m for g in self.msgs for m in self._live(g) if low <= m.mid <= high),
+                      key=lambda m: m.mid)[:limit]
+
     async def seq_of(self, group: str, mid: int) -> int | None:
         self._up("seq_of")
         return next((m.seq for m in self._live(group) if m.mid == mid), None)

@@ -9,7 +9,7 @@ import time
 from core.ids import MidGenerator
 from gateway.node import Node
 from store.keys import Keys
-from store.records import ChatMessage
+from store.records import ChatMessage, GroupMessage
 from testkit.poll import until
 from tests.conftest import RUN_NS, uid
 
@@ -85,4 +85,40 @@ async def test_what_a_dead_node_stored_is_redelivered_by_one_live_node(
     assert mid in [m["mid"] for m in page["msgs"]]
     holder = await redis_client.get(keys.dead_sends_claim(ghost))
     assert holder is not None and holder.decode() in {n.name for n in nodes}
+    await redis_client.zrem(keys.nodes(), ghost)
+
+
+async def test_a_group_message_a_dead_node_stored_is_recorded_by_a_live_node(
+        make_node, http, connect, redis_client) -> None:  # type: ignore[no-untyped-def]
+    """The same for a group message: stored in MongoDB (message and the
+    members' boxes) by a node killed before it recorded it in Redis. A live node
+    records it (group state, the members' offline entries, the sender's send
+    acked), so the member's sync and unread have it before cursors move on, and
+    the sender's resend is acked with it."""
+    nodes: list[Node] = [await make_node(), await make_node()]
+    a, b = uid("a"), uid("b")
+    r = await http(a, nodes[0]).post("/v1/groups", json={"name": "g", "members": [b]})
+    group = r.json()["group"]
+    ghost_id = 251
+    ghost = f"n{ghost_id}-{uid('ghost')}"
+    mid = MidGenerator(ghost_id).next()
+    stores = nodes[0].stores
+    seq = await stores.groups.allocate(group, 1, mid, 0)
+    [stored] = await stores.groups.insert([GroupMessage(group, seq, mid, a, "gc1", "lost?", True)])
+    assert isinstance(stored, GroupMessage)
+    await stores.messages.add_group_boxes([(stored, [a, b])])
+    keys = Keys(RUN_NS)
+    await redis_client.zadd(keys.inflight(), {ghost: mid})
+    await redis_client.zadd(keys.nodes(), {ghost: time.time() - 1})
+
+    async def put_right() -> bool:
+        return await redis_client.zscore(keys.inflight(), ghost) is None
+
+    assert await until(put_right, 15)
+    assert await redis_client.zcount(keys.offline(b), mid, mid) == 1
+    page = (await http(b, nodes[1]).get("/v1/conversations")).json()
+    assert {c["conv"]: c["unread"] for c in page["conversations"]} == {f"g:{group}": 1}
+    ca = await connect(nodes[1], a)
+    again = await ca.request("group_send", group=group, cmid="gc1", body="lost?")
+    assert (again["op"], again["mid"], again["seq"]) == ("ack", mid, seq)
     await redis_client.zrem(keys.nodes(), ghost)

@@ -93,6 +93,8 @@ async def test_after_a_redis_loss_the_first_sync_from_mongodb_lets_redis_answer_
     assert [m["mid"] for m in first["msgs"]] == mids
     assert _synced(node, "mongo") == from_mongo + 1
     assert await redis_client.hget(KEYS.offline_meta(c), "floor") == b"0"
+    assert node.metrics.registry.get_sample_value("im_offline_fills_total",
+                                                  {"outcome": "filled"}) == 1
 
     mids.append((await ca.request("send", to=c, cmid="later", body=4))["mid"])
     from_redis = _synced(node, "redis")
