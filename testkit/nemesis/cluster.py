@@ -106,16 +106,18 @@ class Cluster:
         """Start the slot's node (again), retrying while its ports linger."""
         log = (self.cfg.log_dir / f"node{slot.index}.log") if self.cfg.log_dir else None
         last: Exception | None = None
-        # A port just freed by a killed node may linger a moment, and a node exits
-        # at once when a store does not answer at its start (SecantusDB, busy
-        # with the syncs that follow a Redis loss, can take many seconds): tried
-        # again, as a supervisor would, for up to 90 s.
-        deadline = asyncio.get_running_loop().time() + 90
+        # A port just freed by a killed node may linger a moment, and a node
+        # waits for a store that does not answer at its start (IM_STARTUP_WAIT_S,
+        # 30 s) before it exits (SecantusDB, busy with the syncs that follow a
+        # Redis loss, or paused by the schedule, can take many seconds): each try
+        # is given longer than that wait, and tried again, as a supervisor
+        # would, for up to 120 s.
+        deadline = asyncio.get_running_loop().time() + 120
         while asyncio.get_running_loop().time() < deadline:
             proc = NodeProcess(self.node_env(slot), log_path=log, tree=self.cfg.tree)
             try:
-                await proc.start(timeout=30)
-            except RuntimeError as exc:
+                await proc.start(timeout=45)
+            except (RuntimeError, TimeoutError) as exc:  # stopped by start() itself
                 last = exc
                 await asyncio.sleep(0.5)
                 continue
