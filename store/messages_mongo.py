@@ -44,6 +44,10 @@ INDEXES: list[Index] = [
      {"unique": True, "name": "sender_cmid"}),
     # What a node stored in a span of mids (``between``, after the node died).
     ("messages", [("n", ASCENDING), ("_id", ASCENDING)], {"name": "node_mid"}),
+    # The recalled messages to a user (the inbox rebuild leaves them out of
+    # unread): recalled messages only, so it costs other writes nothing.
+    ("messages", [("to", ASCENDING), ("_id", ASCENDING)],
+     {"name": "to_recalled", "partialFilterExpression": {"recalled": True}}),
     ("boxes", [("owner", ASCENDING), ("conv", ASCENDING), ("mid", ASCENDING)],
      {"name": "owner_conv_mid"}),
     # A user's box in mid order (sync): without it a sync sorts the user's
@@ -258,14 +262,17 @@ class MessagesMongo:
                                                    {"mid": 1, "conv": 1, "out": 1, "_id": 0})
                     .sort("mid", DESCENDING).limit(limit)]
 
-    async def recalled_among(self, mids: Sequence[int]) -> set[int]:
-        out: set[int] = set()
-        for i in range(0, len(mids), CHUNK):
-            async with mongo_guard():
-                async for d in self.messages.find(
-                        {"_id": {"$in": list(mids[i:i + CHUNK])}, "recalled": True}, {"_id": 1}):
-                    out.add(int(d["_id"]))
-        return out
+    async def recalled_among(self, to: str, mids: Sequence[int]) -> set[int]:
+        """The recalled messages to ``to`` among ``mids``: the partial index
+        ``to_recalled`` holds recalled messages only, so this reads the few a
+        user got recalled, not each of its unread messages by ``_id``."""
+        if not mids:
+            return set()
+        wanted = set(mids)
+        async with mongo_guard():
+            return {int(d["_id"]) async for d in self.messages.find(
+                {"to": to, "recalled": True, "_id": {"$gte": min(wanted), "$lte": max(wanted)}},
+                {"_id": 1}) if int(d["_id"]) in wanted}
 
     async def get_many(self, mids: Sequence[int]) -> dict[int, ChatMessage]:
         out: dict[int, ChatMessage] = {}

@@ -259,7 +259,7 @@ class OfflineRedis:
         if legacy:  # kept, so that the next rebuild needs no old key
             await self.source.set_read_marks([(user, c, m) for c, m in legacy.items()])
             marks.update(legacy)
-        recalled = await self.source.recalled_among(unread_candidates(entries, marks))
+        recalled = await self.source.recalled_among(user, unread_candidates(entries, marks))
         rows = rebuild_convs(entries, marks, recalled, lim.convs_max, lim.unread_cap)
         lasts = await self.source.get_many([r.last_mid for r in rows])
         args: list[Any] = []
