@@ -117,10 +117,12 @@ class FaultInjector:
         pid = mongo.proc.pid
         os.kill(pid, signal.SIGSTOP)
         f.evidence["pid"] = pid
-        await until(lambda: proc_state(pid) == "T", timeout=5, every=0.01)
-        f.evidence["state_paused"] = proc_state(pid)
-        await asyncio.sleep(f.duration)
-        os.kill(pid, signal.SIGCONT)
+        try:  # resumed whatever happens here (a wait that times out, a cancelled run)
+            await until(lambda: proc_state(pid) == "T", timeout=5, every=0.01)
+            f.evidence["state_paused"] = proc_state(pid)
+            await asyncio.sleep(f.duration)
+        finally:
+            os.kill(pid, signal.SIGCONT)
         f.evidence["state_after"] = proc_state(pid)
 
     async def _broker_cut(self, f: Fault) -> None:
