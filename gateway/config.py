@@ -85,7 +85,7 @@ class Settings:
     privacy_presence: str = "contacts"  # everyone | contacts | nobody
     privacy_group_add: str = "everyone"  # everyone | contacts
     max_new_convs_per_day: int = 500  # 1:1 conversations started with users who never wrote
-    relation_lookup_rate: float = 20.0  # users looked up per second per user (typing,
+    relation_lookup_rate: float = 5.0  # users looked up per second per user (typing,
     relation_lookup_burst: int = 1000  # receipts, presence) when not remembered; 0: none
     push_confirm_ms: int = 500  # an ack waits this long at most for its pushes' hand-off (0: not)
     max_groups_owned: int = 200  # groups one user owns

@@ -1,7 +1,8 @@
 """Groups in Redis: caches of MongoDB's truth that the hot paths read.
 
 - ``gs:{g:G}``: the group's seq, newest message and newest read-diffused mid
-  (``group_state.lua``: every field only moves forward). ``ok`` marks a hash
+  (``group_state.lua``: every field only moves forward), and ``iv``: how
+  often its name, owner or size changed (nodes' copies of its document). ``ok`` marks a hash
   filled from MongoDB; a hash without it (Redis lost the key, or only a
   send wrote to it since) is merged with MongoDB's values on first read.
 - ``gn:{gn:N}``: a summary of groups' numbers (seq, last mid, newest
@@ -46,6 +47,7 @@ CHUNK = 1000  # users per pipeline when a call touches every member
 NUMBERS = ("seq", "lastmid", "rdmid", "rc", "ok")
 NUMBERS_B = tuple(f.encode() for f in NUMBERS)
 RECALLED_KEPT = 1000  # recalled seqs a group's state keeps (older ones count as unread again)
+INFO_VERSION = "iv"  # a state's count of changes of the group's name, owner or size
 RD_KEPT = 1000  # read-diffused messages a group's index keeps (a sync from further
 # back reads that group from MongoDB)
 
@@ -283,6 +285,21 @@ class GroupCacheRedis:
         async with redis_guard():
             await self._rd(self.redis, keys=[self.keys.group_rd(group)],
                            args=[CACHE_TTL_S, RD_KEPT, floor, *pairs])
+
+    async def info_versions(self, groups: Sequence[str]) -> dict[str, int]:
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for g in groups:
+                pipe.hget(self.keys.group_state(g), INFO_VERSION)
+            got = await pipe.execute()
+        return {g: int(v or 0) for g, v in zip(groups, got, strict=True)}
+
+    async def info_changed(self, group: str) -> None:
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hincrby(self.keys.group_state(group), INFO_VERSION, 1)
+            pipe.expire(self.keys.group_state(group), CACHE_TTL_S)
+            await pipe.execute()
 
     async def _numbers_of(self, groups: list[str]) -> dict[str, GroupState]:
         """Numbers from the summary's shards (one hash read per shard, whatever

@@ -40,6 +40,7 @@ from core.errors import Unavailable
 from core.group_reads import read_status
 from core.paging import seek_page
 from core.seek_cursor import BadCursor, decode_cursor, encode_cursor
+from core.ttl_cache import TtlCache
 from gateway import frames
 from gateway.auth import check_user_id
 from gateway.config import Settings
@@ -55,6 +56,13 @@ log = logging.getLogger("gateway.groups.admin")
 LEASE_MS = 30_000  # a node that dies holding it blocks the group's changes this long
 LEASE_WAIT_S = 5.0  # then the caller hears `unavailable` and retries
 TELL_CHUNK = 1000  # users per control when a whole group is told
+# A group list reads its page's documents from MongoDB; the node keeps each while
+# the group's change count in Redis (``GroupCache.info_versions``) is the one it
+# was read with, this long at most (a Redis that lost the count cannot hide a
+# change for longer), so listing one's groups again and again costs the store
+# nothing more, and a change through any node shows at once.
+DOC_CACHE_S = 30.0
+DOC_CACHE_MAX = 50_000
 
 
 class ControlSender(Protocol):
@@ -112,6 +120,10 @@ class GroupAdmin:
         self.refused = refused  # counts each refusal by the cap's name (a metric)
         # Those an adder may not put in a group (their privacy settings, blocks).
         self.may_not_add = may_not_add
+        # (user, n): the call read n groups of the user (its list reads every one
+        # of its groups): charged to its HTTP budget (``Conversations.charge``).
+        self.read_groups: Callable[[str, int], None] = lambda _user, _n: None
+        self._docs: TtlCache[str, tuple[int, dict[str, Any]]] = TtlCache(DOC_CACHE_MAX)
 
     # -- membership ------------------------------------------------------------
     async def create(self, owner: str, name: str, members: list[str]
@@ -252,12 +264,38 @@ class GroupAdmin:
                 after = decode_cursor(scope, cursor)
             except BadCursor:
                 raise ProtocolError("bad_request", "cursor: not a cursor of this list") from None
-        ids = sorted(g for g in await self.cache.user_groups(user) if g > after)
+        mine = await self.cache.user_groups(user)
+        self.read_groups(user, len(mine))
+        ids = sorted(g for g in mine if g > after)
         page, last = seek_page(ids, limit, lambda g: g)
-        docs = await self.store.get_many(page)
+        docs = await self._documents(page)
         return {"groups": [_info(docs[g]) for g in page if g in docs
                            and not docs[g].get("dissolved")],
                 "cursor": encode_cursor(scope, last) if last else None}
+
+    async def _documents(self, groups: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The groups' documents: the node's copy of each whose change count is
+        the same as when it was read, MongoDB's of the others."""
+        try:
+            versions: dict[str, int] | None = await self.cache.info_versions(groups)
+        except Unavailable:
+            versions = None  # no copy can be vouched for: all from MongoDB, none kept
+        now = time.monotonic()
+        out: dict[str, dict[str, Any]] = {}
+        missing: list[str] = []
+        for g in groups:
+            found, kept = self._docs.get(g, now)
+            if versions is not None and found and kept is not None and kept[0] == versions[g]:
+                out[g] = kept[1]
+            else:
+                missing.append(g)
+        if missing:
+            got = await self.store.get_many(missing)
+            if versions is not None:  # read before the documents: a later change shows
+                for g, doc in got.items():
+                    self._docs.set(g, (versions[g], doc), now + DOC_CACHE_S)
+            out.update(got)
+        return out
 
     async def info(self, user: str, group: str) -> dict[str, Any]:
         doc = await self._live(group)
@@ -356,6 +394,10 @@ class GroupAdmin:
         """``group_event`` to the group's devices (confirmed by the broker; not
         for a new group, which has none yet) and to every device of ``direct``.
         Best effort: the change stands anyway."""
+        try:  # every change is announced: the nodes' copies of the group go
+            await self.cache.info_changed(group)
+        except Unavailable as exc:  # they go after DOC_CACHE_S
+            log.warning("group %s changed, its copies not told: %s", group, exc)
         frame = frames.group_event(group, event, users, by)
         if bound:
             with contextlib.suppress(BrokerUnavailable):

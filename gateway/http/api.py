@@ -120,6 +120,7 @@ def build_http(deps: HttpDeps) -> FastAPI:
     _install_openapi(app)
     buckets = KeyedBuckets(deps.limits.rate, deps.limits.burst)
     deps.conversations.spend = lambda user, n: buckets.debit(user, time.monotonic(), n)
+    deps.groups.read_groups = deps.conversations.charge
     app.add_middleware(HttpGuard, verifier=deps.verifier, limits=deps.limits,
                        routes=app.router.routes, api_keys=deps.api_keys, admit=deps.admit,
                        buckets=buckets,

@@ -24,9 +24,9 @@ from gateway.groups.service import GroupService
 __all__ = ["Conversations", "SyncPage"]
 
 GROUP_PREFIX = "g:"
-# A user's sync reads each of its groups' numbers: a call costs one more call
-# of its HTTP budget per this many groups (its conversation list, asked for
-# again and again, reads them once: GroupService's view).
+# A call that reads each of the caller's groups (its sync, its group list) costs
+# one more call of its HTTP budget per this many groups (its conversation list,
+# asked for again and again, reads them once: GroupService's view).
 GROUPS_PER_CALL = 1000
 
 
@@ -51,6 +51,10 @@ class Conversations:
         self.spend: Callable[[str, float], None] = lambda _user, _n: None
         self.groups_per_call = GROUPS_PER_CALL
 
+    def charge(self, user: str, groups: int) -> None:
+        """A call of ``user`` read ``groups`` of its groups: its HTTP budget pays."""
+        self.spend(user, groups / self.groups_per_call)
+
     async def mark_read(self, user: str, conv: str, mid: int) -> int:
         """Read up to ``mid``; returns the conversation's unread count after it."""
         if conv.startswith(GROUP_PREFIX):
@@ -68,7 +72,7 @@ class Conversations:
         write-diffused groups) merged with its read-diffused groups."""
         rows = await self.chat.sync_rows(user, since, limit + 1)
         extra, cut, groups = await self.groups.sync_rd(user, since, limit)
-        self.spend(user, groups / self.groups_per_call)
+        self.charge(user, groups)
         if cut is not None:  # the groups' side stopped below it: so does this page
             rows = [r for r in rows if r[0] < cut]
         msgs, mids, more = inbox.merge_sync(rows, extra, limit)

@@ -246,6 +246,7 @@ class FakeGroupCache(Faulty):
         # group -> ({mid: seq} of read-diffused messages, floor or None: unknown)
         self.index: dict[str, tuple[dict[int, int], int | None]] = {}
         self.store: FakeGroupStore | None = None  # what rebuild_rd reads
+        self.versions: dict[str, int] = {}  # info_changed's counts
 
     async def is_member(self, group: str, user: str) -> bool:
         self._up("is_member")
@@ -330,6 +331,14 @@ class FakeGroupCache(Faulty):
                 (mid, seq) for mid, seq in entries.items()
                 if mid > since and seq > from_seq)[:count]
         return out
+
+    async def info_versions(self, groups: Sequence[str]) -> dict[str, int]:
+        self._up("info_versions")
+        return {g: self.versions.get(g, 0) for g in groups}
+
+    async def info_changed(self, group: str) -> None:
+        self._up("info_changed")
+        self.versions[group] = self.versions.get(group, 0) + 1
 
     async def rebuild_rd(self, group: str) -> None:
         self._up("rebuild_rd")

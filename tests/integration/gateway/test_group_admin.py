@@ -237,6 +237,36 @@ async def test_rename_and_hand_over_are_seen_on_the_other_node_at_once(two, http
         assert (await http(cur, here).get("/v1/groups")).json()["groups"][0]["owner"] == nxt
 
 
+async def _group_reads(node: Any) -> float:
+    """How many times the node read groups' documents by id from the store."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{node.metrics_port}") as m:
+        text = (await m.get("/metrics")).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(
+        'im_store_command_seconds_count{collection="groups",command="find"'))
+
+
+async def test_a_group_list_asked_again_reads_the_store_once_and_shows_changes_at_once(
+        two, http):
+    """The node keeps the documents of a list it answered (a user listing its
+    groups in a loop costs the store nothing more), while no change was made
+    through any node: a rename or a new member on the other node shows at once."""
+    n1, n2 = two
+    a, b, c = uid("a"), uid("b"), uid("c")
+    g = await new_group(http, a, [b], n1)
+    before = await _group_reads(n2)
+    for _ in range(4):
+        mine = (await http(b, n2).get("/v1/groups")).json()["groups"]
+        assert [(x["group"], x["members"]) for x in mine] == [(g, 2)]
+    assert await _group_reads(n2) - before == 1
+    assert (await patch(http, a, n1, g, name="renamed")).status_code == 200
+    assert (await http(a, n1).post(f"/v1/groups/{g}/members",
+                                   json={"members": [c]})).status_code == 200
+    mine = (await http(b, n2).get("/v1/groups")).json()["groups"]
+    assert [(x["name"], x["members"]) for x in mine] == [("renamed", 3)]
+    assert (await http(b, n2).get("/v1/groups")).json()["groups"] == mine
+    assert await _group_reads(n2) - before == 2
+
+
 async def test_a_hand_over_racing_the_new_owners_leave_never_leaves_no_owner(
         two, http, mongo_db):
     n1, n2 = two

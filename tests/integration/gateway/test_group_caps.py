@@ -116,16 +116,17 @@ async def test_conversations_are_paged_over_chats_and_groups_together(make_node,
 
 
 async def test_a_user_in_many_groups_pays_more_for_its_lists(make_node, http):
-    """A sync reads every group's numbers: a call of a user in GROUPS_PER_CALL
-    (1,000; 100 here) groups costs it two calls of its HTTP budget, a user in
-    none one."""
+    """A sync, and a page of its group list, read every group of the caller: a
+    call of a user in GROUPS_PER_CALL (1,000; 100 here) groups costs it two
+    calls of its HTTP budget, a user in none one."""
     node = await make_node(http_rate=0.01, http_burst=6, group_creates_per_min=1000)
     node.app.conversations.groups_per_call = 100
-    busy, idle = uid("busy"), uid("idle")
-    owners = [http(uid("o"), node) for _ in range(20)]  # five groups each: within budget
-    for i in range(100):
-        r = await owners[i // 5].post("/v1/groups", json={"name": f"g{i}", "members": [busy]})
-        assert r.status_code == 200
-    for user, allowed in ((busy, 3), (idle, 6)):
-        codes = [(await http(user, node).get("/v1/sync")).status_code for _ in range(7)]
-        assert codes == [200] * allowed + [429] * (7 - allowed), (user, codes)
+    for path in ("/v1/sync", "/v1/groups?limit=1"):
+        busy, idle = uid("busy"), uid("idle")
+        owners = [http(uid("o"), node) for _ in range(20)]  # five groups each: within budget
+        for i in range(100):
+            r = await owners[i // 5].post("/v1/groups", json={"name": f"g{i}", "members": [busy]})
+            assert r.status_code == 200
+        for user, allowed in ((busy, 3), (idle, 6)):
+            codes = [(await http(user, node).get(path)).status_code for _ in range(7)]
+            assert codes == [200] * allowed + [429] * (7 - allowed), (path, user, codes)
