@@ -204,7 +204,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                        ChatLimits.from_settings(s), metrics, inflight)
     diffusion = GroupDiffusion(stores.group_cache, stores.messages, stores.offline)
     groups = GroupService(stores.groups, stores.group_cache, claims, mids, diffusion,
-                          stores.offline, GroupLimits.from_settings(s), metrics, inflight)
+                          stores.offline, GroupLimits.from_settings(s), metrics, inflight,
+                          stores.group_news)
     def refused(cap: str) -> None:
         metrics.limit_refusals.labels(cap).inc()
 
@@ -217,7 +218,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         refused, tell_all=relations_changed)
     group_admin = GroupAdmin(stores.groups, stores.group_cache, router,
                              AdminLimits.from_settings(s), stores.quotas, refused=refused,
-                             may_not_add=relations.refused_adds)
+                             may_not_add=relations.refused_adds, news=stores.group_news)
     marks: dict[str, int] = {}  # the other nodes' oldest mid in flight (Node shares them)
 
     def low_mark() -> int | None:

@@ -20,6 +20,7 @@ from store.dedup_redis import DedupRedis
 from store.feed_mongo import ensure_feed_indexes
 from store.feed_redis import FeedCacheRedis
 from store.follows_mongo import FollowsMongo
+from store.group_news_redis import GroupNewsRedis
 from store.groups_mongo import GroupsMongo
 from store.groups_redis import GroupCacheRedis
 from store.keeper_redis import LeaseKeeperRedis
@@ -58,6 +59,7 @@ class Stores:
     room_history: ports.RoomHistoryStore
     groups: ports.GroupStore
     group_cache: ports.GroupCache
+    group_news: ports.GroupNews
     follows: ports.FollowStore
     posts: ports.PostStore
     timelines: ports.TimelineStore
@@ -125,6 +127,7 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
         room_history=RoomHistoryRedis(redis, keys, keep=room_history[0],
                                       ttl_s=room_history[1]),
         group_cache=GroupCacheRedis(redis, keys, groups, encode_group_last),
+        group_news=GroupNewsRedis(redis, keys),
         follows=follows, posts=posts, timelines=TimelineMongo(db),
         feed_cache=FeedCacheRedis(redis, keys, follows, posts, limits.user_key_ttl_s),
         counters=CountersRedis(redis, keys), sanctions=SanctionsRedis(redis, keys),

@@ -204,6 +204,22 @@ class GroupCacheRedis:
         return {g: Membership(v, raw.get(f"r:{g}", v)) for g, v in raw.items()
                 if g != MARK and not g.startswith("r:")}
 
+    async def user_groups_among(self, user: str, groups: Sequence[str]
+                                ) -> dict[str, Membership]:
+        """Those of ``groups`` the user is in: one hash read of their fields."""
+        if not groups:
+            return {}
+        fields = [MARK, *groups, *(f"r:{g}" for g in groups)]
+        async with redis_guard():
+            got = await self.redis.hmget(self.keys.user_groups(user), fields)  # type: ignore[misc]
+        if got[0] is None:  # not complete: all of them (rebuilt)
+            mine = await self.user_groups(user)
+            return {g: mine[g] for g in groups if g in mine}
+        n = len(groups)
+        return {g: Membership(int(v), int(got[1 + n + i] or v))
+                for i, (g, v) in enumerate(zip(groups, got[1:1 + n], strict=True))
+                if v is not None}
+
     async def groups_of(self, users: Sequence[str]) -> list[list[str]]:
         """The group ids of each user, one Redis round trip for all of them (a
         connect storm); users whose hash is incomplete are rebuilt from MongoDB

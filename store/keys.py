@@ -122,6 +122,11 @@ class Keys:
         """Hash: group -> from_seq, ``r:<group>`` -> read seq, ``~`` once complete."""
         return f"{self.ns}:ug:{{{user}}}"
 
+    def group_news(self, user: str) -> str:
+        """Sorted set: the user's groups with read-diffused messages, each scored
+        by a recent message's time (ms); ``~`` 0 once complete (``news_read.lua``)."""
+        return f"{self.ns}:ugn:{{{user}}}"
+
     # -- feed ------------------------------------------------------------------
     def following(self, user: str) -> str:
         """Set of the ids ``user`` follows, plus ``~`` once complete."""

@@ -35,6 +35,7 @@ __all__ = [
     "FeedCache",
     "FollowStore",
     "GroupCache",
+    "GroupNews",
     "GroupStore",
     "LeaseKeeper",
     "MessageStore",
@@ -460,6 +461,11 @@ class GroupCache(Protocol):
 
     async def user_groups(self, user: str) -> dict[str, Membership]: ...
 
+    async def user_groups_among(self, user: str, groups: Sequence[str]
+                                ) -> dict[str, Membership]:
+        """Those of ``groups`` the user is in (work in their number only)."""
+        ...
+
     async def groups_of(self, users: Sequence[str]) -> list[list[str]]: ...
 
     async def set_read(self, user: str, group: str, seq: int) -> int | None: ...
@@ -501,3 +507,23 @@ class GroupCache(Protocol):
         ...
 
     async def info_changed(self, group: str) -> None: ...
+
+
+class GroupNews(Protocol):
+    """Each user's groups with news (read-diffused messages) since a point."""
+
+    async def due(self, newest: Mapping[str, int]) -> list[str]:
+        """Groups (-> newest read-diffused message time, ms) to ``mark`` now."""
+        ...
+
+    async def mark(self, scores: Mapping[str, int], members: Mapping[str, Sequence[str]]
+                   ) -> None: ...
+
+    async def joined(self, group: str, users: Sequence[str], now_ms: int) -> None: ...
+
+    async def news(self, user: str, since_ms: int) -> list[str] | None:
+        """Groups that may have news after ``since_ms``; None: not known (the
+        caller reads all its groups and ``seed``s the index)."""
+        ...
+
+    async def seed(self, user: str, scores: Mapping[str, int]) -> None: ...

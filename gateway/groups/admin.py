@@ -47,7 +47,7 @@ from gateway.config import Settings
 from gateway.errors import ProtocolError
 from router.controls import Control, GroupAdd, GroupDel
 from router.errors import BrokerUnavailable
-from store.ports import GroupCache, GroupStore, QuotaStore
+from store.ports import GroupCache, GroupNews, GroupStore, QuotaStore
 
 __all__ = ["ControlSender", "GroupAdmin", "GroupNotifier"]
 
@@ -108,8 +108,8 @@ class GroupAdmin:
     def __init__(self, store: GroupStore, cache: GroupCache, notifier: GroupNotifier,
                  limits: AdminLimits, quotas: QuotaStore | None = None,
                  refused: Callable[[str], None] = lambda _cap: None,
-                 may_not_add: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
-                 ) -> None:
+                 may_not_add: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None,
+                 news: GroupNews | None = None) -> None:
         self.store = store
         self.cache = cache
         self.notifier = notifier
@@ -120,6 +120,7 @@ class GroupAdmin:
         self.refused = refused  # counts each refusal by the cap's name (a metric)
         # Those an adder may not put in a group (their privacy settings, blocks).
         self.may_not_add = may_not_add
+        self.news = news  # new members hear of the group's news (GroupService syncs)
         # (user, n): the call read n groups of the user (its list reads every one
         # of its groups): charged to its HTTP budget (``Conversations.charge``).
         self.read_groups: Callable[[str, int], None] = lambda _user, _n: None
@@ -171,6 +172,8 @@ class GroupAdmin:
             added, seq = await self.store.add_members(group, wanted)
             if added:
                 await self.cache.added(group, added, seq)
+                if self.news is not None:
+                    await self.news.joined(group, added, int(time.time() * 1000))
                 await self._announce(group, "added", added, caller, direct=added)
                 await self.notifier.tell(added, GroupAdd(group))
             return refused

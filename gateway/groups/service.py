@@ -41,7 +41,7 @@ from gateway.frames import encode_group, group_frame
 from gateway.groups.diffusion import GroupDiffusion
 from gateway.metrics import NodeMetrics
 from store.errors import GroupGone
-from store.ports import GroupCache, GroupStore, OfflineStore
+from store.ports import GroupCache, GroupNews, GroupStore, OfflineStore
 from store.records import Erasure, GroupMessage, GroupState, Membership
 
 __all__ = ["GroupSendResult", "GroupService"]
@@ -102,8 +102,10 @@ class GroupService:
 
     def __init__(self, store: GroupStore, cache: GroupCache, claims: Claims, mids: IdSource,
                  diffusion: GroupDiffusion, offline: OfflineStore, limits: GroupLimits,
-                 metrics: NodeMetrics, inflight: InFlight | None = None) -> None:
+                 metrics: NodeMetrics, inflight: InFlight | None = None,
+                 news: GroupNews | None = None) -> None:
         self.store = store
+        self.news = news  # each user's groups with news (None: a sync reads them all)
         self.inflight = inflight if inflight is not None else InFlight()
         self.cache = cache
         self.claims = claims
@@ -234,12 +236,26 @@ class GroupService:
                                  for g, m in summary.newest.items()], summary.reads,
                                 [(s.msg.group, s.msg.mid, s.msg.seq) for s in stored
                                  if not s.msg.wd])
+        await self._mark_news(stored)
         for user, _, _ in summary.reads:  # its own messages are read: its list changed
             self._views.drop(user)
         self._later(self.store.set_reads(summary.reads))  # only Redis' rebuild needs it
         await self.offline.deliver([], [(s.msg.sender, s.msg.cmid,
                                          dedup.done(s.msg.mid, s.msg.seq)) for s in stored],
                                    routes=False)
+
+    async def _mark_news(self, stored: list[_Stored]) -> None:
+        """The read-diffused groups of a batch are news to their members (before
+        the sends are acked: a sync that follows an ack finds the group)."""
+        newest: dict[str, int] = {}
+        for s in stored:
+            if not s.msg.wd:
+                newest[s.msg.group] = max(newest.get(s.msg.group, 0), mid_time_ms(s.msg.mid))
+        if self.news is None or not newest:
+            return
+        due = await self.news.due(newest)
+        if due:
+            await self.news.mark({g: newest[g] for g in due}, await self.cache.members(due))
 
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
         """Durable copies nobody waits for. Bounded: past 1,000 pending the write
@@ -344,19 +360,21 @@ class GroupService:
         """(mid, frame) of read-diffused group messages after ``since`` (write-diffused
         ones are in the user's own offline store and box), oldest first, at most
         ``limit + 1`` (one more than a page: "more" is known); and the cut
-        (``inbox.RdPlan``): the page stops below it; and how many groups the
-        user is in (the call's cost grows with it).
+        (``inbox.RdPlan``): the page stops below it; and how many groups it
+        read (the call's cost grows with it): those with news after ``since``
+        (``GroupNews``), or all the user's groups when that index is not complete.
 
         The groups' indexes say which groups hold the next messages, so at most
         ``SYNC_GROUP_READS`` groups are read from MongoDB, whatever the number of
         the user's groups with news; a group whose index does not reach back to
         ``since`` is read as well (and its index rebuilt for the next call)."""
-        mine = await self.cache.user_groups(user)
-        if not mine:
-            return [], None, 0
-        states = await self.cache.states(mine, last=False)
+        mine, seeding = await self._groups_with_news(user, since)
+        states = await self.cache.states(mine, last=False) if mine else {}
+        if seeding and self.news is not None:
+            await self.news.seed(user, {g: mid_time_ms(st.rdmid)
+                                        for g, st in states.items() if st.rdmid})
         busy = inbox.busy_groups({g: st.rdmid for g, st in states.items()}, since)
-        if not busy:
+        if not busy:  # (no groups at all: none)
             return [], None, len(mine)
         indexed = await self.cache.rd_after({g: mine[g].from_seq for g in busy}, since,
                                             limit + 1)
@@ -374,6 +392,21 @@ class GroupService:
             [[(m.mid, group_frame(m)) for m in page if cut is None or m.mid < cut]
              for page in pages], limit + 1)
         return rows, cut, len(mine)
+
+    async def _groups_with_news(self, user: str, since: int
+                                ) -> tuple[dict[str, Membership], bool]:
+        """The user's groups that may have read-diffused messages after
+        ``since`` (its index of groups with news), or all its groups when the
+        index is not complete; and whether the caller must seed it."""
+        if self.news is None:
+            return await self.cache.user_groups(user), False
+        try:
+            news = await self.news.news(user, mid_time_ms(since))
+        except Unavailable:  # Redis is down: as without an index (nothing to seed)
+            return await self.cache.user_groups(user), False
+        if news is None:
+            return await self.cache.user_groups(user), True
+        return await self.cache.user_groups_among(user, news), False
 
     async def conversation_rows(self, user: str, limit: int, after: Position | None = None
                                 ) -> tuple[int, list[tuple[Position, dict[str, Any]]], int]:

@@ -332,6 +332,11 @@ class FakeGroupCache(Faulty):
                 if mid > since and seq > from_seq)[:count]
         return out
 
+    async def user_groups_among(self, user: str, groups: Sequence[str]
+                                ) -> dict[str, Membership]:
+        mine = await self.user_groups(user)
+        return {g: mine[g] for g in groups if g in mine}
+
     async def info_versions(self, groups: Sequence[str]) -> dict[str, int]:
         self._up("info_versions")
         return {g: self.versions.get(g, 0) for g in groups}
