@@ -15,6 +15,7 @@ MongoDB): these functions only look at the mids they are paired with.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -151,6 +152,25 @@ def newest(rows: Iterable[tuple[Position, T]], count: int, after: Position | Non
     """The ``count`` rows after ``after`` in the list's order (newest first)."""
     later = (r for r in rows if after is None or r[0] < after)
     return heapq.nlargest(count, later, key=_position)
+
+
+class ConversationIndex(Generic[T]):
+    """Rows sorted once by position, for many pages (``newest`` of each page
+    costs a binary search and the page, not a pass over every row)."""
+
+    __slots__ = ("_asc", "_keys")
+
+    def __init__(self, rows: Iterable[tuple[Position, T]]) -> None:
+        self._asc = sorted(rows, key=_position)
+        self._keys = [pos for pos, _ in self._asc]
+
+    def __len__(self) -> int:
+        return len(self._asc)
+
+    def newest(self, count: int, after: Position | None = None) -> list[tuple[Position, T]]:
+        """As ``newest`` over the rows: the ``count`` after ``after``, newest first."""
+        end = len(self._asc) if after is None else bisect.bisect_left(self._keys, after)
+        return self._asc[max(0, end - count):end][::-1]
 
 
 def _position(row: tuple[Position, object]) -> Position:

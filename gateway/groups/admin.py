@@ -27,6 +27,7 @@ devices, whose nodes may not be bound to the group:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import secrets
@@ -63,6 +64,11 @@ TELL_CHUNK = 1000  # users per control when a whole group is told
 # nothing more, and a change through any node shows at once.
 DOC_CACHE_S = 30.0
 DOC_CACHE_MAX = 50_000
+# The sorted ids of a user in this many groups or more are kept LIST_S on the
+# node (dropped by a change of its groups made here): its list asked for page
+# after page, or again and again, costs a page each time.
+LIST_MIN_GROUPS = 200
+LIST_S = 1.0
 
 
 class ControlSender(Protocol):
@@ -125,6 +131,7 @@ class GroupAdmin:
         # of its groups): charged to its HTTP budget (``Conversations.charge``).
         self.read_groups: Callable[[str, int], None] = lambda _user, _n: None
         self._docs: TtlCache[str, tuple[int, dict[str, Any]]] = TtlCache(DOC_CACHE_MAX)
+        self._lists: TtlCache[str, list[str]] = TtlCache(10_000)
 
     # -- membership ------------------------------------------------------------
     async def create(self, owner: str, name: str, members: list[str]
@@ -152,6 +159,8 @@ class GroupAdmin:
         group = secrets.token_hex(8)
         await self.store.create(group, name, owner, users)
         await self.cache.added(group, users, 0, complete=True)
+        for u in users:
+            self._lists.drop(u)
         await self.cache.created(group)
         await self._announce(group, "added", users[1:], owner, direct=users, bound=False)
         await self.notifier.tell(users, GroupAdd(group))
@@ -172,6 +181,8 @@ class GroupAdmin:
             added, seq = await self.store.add_members(group, wanted)
             if added:
                 await self.cache.added(group, added, seq)
+                for u in added:
+                    self._lists.drop(u)
                 if self.news is not None:
                     await self.news.joined(group, added, int(time.time() * 1000))
                 await self._announce(group, "added", added, caller, direct=added)
@@ -214,6 +225,7 @@ class GroupAdmin:
         if not await self.store.remove_member(group, user):
             return False
         await self.cache.removed(group, user)
+        self._lists.drop(user)
         await self.notifier.tell([user], GroupDel(group))
         await self._announce(group, event, [user], by, direct=[user])
         return True
@@ -267,14 +279,25 @@ class GroupAdmin:
                 after = decode_cursor(scope, cursor)
             except BadCursor:
                 raise ProtocolError("bad_request", "cursor: not a cursor of this list") from None
-        mine = await self.cache.user_groups(user)
-        self.read_groups(user, len(mine))
-        ids = sorted(g for g in mine if g > after)
-        page, last = seek_page(ids, limit, lambda g: g)
+        ids = await self._sorted_groups(user)
+        start = bisect.bisect_right(ids, after)
+        page, last = seek_page(ids[start:start + limit + 1], limit, lambda g: g)
         docs = await self._documents(page)
         return {"groups": [_info(docs[g]) for g in page if g in docs
                            and not docs[g].get("dissolved")],
                 "cursor": encode_cursor(scope, last) if last else None}
+
+    async def _sorted_groups(self, user: str) -> list[str]:
+        now = time.monotonic()
+        found, ids = self._lists.get(user, now)
+        if found and ids is not None:
+            return ids
+        mine = await self.cache.user_groups(user)
+        self.read_groups(user, len(mine))
+        ids = sorted(mine)
+        if len(ids) >= LIST_MIN_GROUPS:
+            self._lists.set(user, ids, now + LIST_S)
+        return ids
 
     async def _documents(self, groups: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The groups' documents: the node's copy of each whose change count is

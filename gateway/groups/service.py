@@ -42,7 +42,7 @@ from gateway.groups.diffusion import GroupDiffusion
 from gateway.metrics import NodeMetrics
 from store.errors import GroupGone
 from store.ports import GroupCache, GroupNews, GroupStore, OfflineStore
-from store.records import Erasure, GroupMessage, GroupState, Membership
+from store.records import Erasure, GroupMessage, Membership
 
 __all__ = ["GroupSendResult", "GroupService"]
 
@@ -55,6 +55,15 @@ SYNC_GROUP_READS = 16
 # reads and sends here): a list asked for again and again reads them once.
 VIEW_MIN_GROUPS = 200
 VIEW_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class _GroupList:
+    """A user's groups in its conversation list: the total unread over them and
+    (position, unread) of each, sorted."""
+
+    total: int
+    index: inbox.ConversationIndex[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +127,7 @@ class GroupService:
             max_pending=limits.pending_max, linger_s=limits.mongo_linger_ms / 1000,
             observe=metrics.stage_observer("group"))
         self._repairs: set[asyncio.Task[None]] = set()
-        self._views: TtlCache[str, tuple[dict[str, Membership], dict[str, GroupState]]] = \
-            TtlCache(10_000)
+        self._views: TtlCache[str, _GroupList] = TtlCache(10_000)
 
     # -- send ----------------------------------------------------------------------
     async def send(self, sender: str, group: str, cmid: str, body: Any, *,
@@ -342,18 +350,29 @@ class GroupService:
         page, cursor = seek_page(msgs, limit, lambda m: m.mid)
         return [group_frame(m) for m in page], cursor
 
-    async def _view(self, user: str) -> tuple[dict[str, Membership], dict[str, GroupState]]:
-        """The user's groups and their numbers (``VIEW_S`` old at most for a user
-        in ``VIEW_MIN_GROUPS`` groups or more)."""
+    async def _view(self, user: str) -> tuple[_GroupList, int]:
+        """The user's groups as its conversation list shows them (``VIEW_S`` old
+        at most for a user in ``VIEW_MIN_GROUPS`` groups or more: such a list
+        asked for again and again costs a page each time, not a pass over
+        every group); and how many groups it read for it (0: kept)."""
         now = time.monotonic()
         found, view = self._views.get(user, now)
         if found and view is not None:
-            return view
+            return view, 0
         mine = await self.cache.user_groups(user)
         states = await self.cache.states(mine, last=False) if mine else {}
+        total = 0
+        marks: list[tuple[Position, int]] = []
+        for g, st in states.items():
+            m = mine[g]
+            unread = inbox.group_unread(st.seq, m.read_seq, m.from_seq, st.recalled)
+            total += unread
+            shown = st.lastmid > 0 and st.seq > m.from_seq  # else sorts last (mid 0)
+            marks.append(((st.lastmid if shown else 0, f"g:{g}"), unread))
+        view = _GroupList(total, inbox.ConversationIndex(marks))
         if len(mine) >= VIEW_MIN_GROUPS:
-            self._views.set(user, (mine, states), now + VIEW_S)
-        return mine, states
+            self._views.set(user, view, now + VIEW_S)
+        return view, len(mine)
 
     async def sync_rd(self, user: str, since: int, limit: int
                       ) -> tuple[list[tuple[int, dict[str, Any]]], int | None, int]:
@@ -412,20 +431,13 @@ class GroupService:
                                 ) -> tuple[int, list[tuple[Position, dict[str, Any]]], int]:
         """(total unread over the user's groups, [(position, row)]): the ``limit +
         1`` newest groups after ``after``. Every group's numbers are read (one
-        small hash read each, for the total), the newest message only of the
-        groups listed; and how many groups the user is in."""
-        mine, states = await self._view(user)
-        if not mine:
-            return 0, [], 0
-        total = 0
-        marks: list[tuple[Position, int]] = []
-        for g, st in states.items():
-            m = mine[g]
-            unread = inbox.group_unread(st.seq, m.read_seq, m.from_seq, st.recalled)
-            total += unread
-            shown = st.lastmid > 0 and st.seq > m.from_seq  # else sorts last (mid 0)
-            marks.append(((st.lastmid if shown else 0, f"g:{g}"), unread))
-        head = inbox.newest(marks, limit + 1, after)
+        small hash read each, for the total; kept ``VIEW_S`` for a user in many
+        groups), the newest message only of the groups listed; and how many
+        groups were read."""
+        view, read = await self._view(user)
+        if not len(view.index):
+            return 0, [], read
+        head = view.index.newest(limit + 1, after)
         full = await self.cache.states([pos[1][2:] for pos, _ in head if pos[0]])
         rows: list[tuple[Position, dict[str, Any]]] = []
         for (mid, conv), unread in head:
@@ -433,4 +445,4 @@ class GroupService:
             last = known.last if known is not None and mid else None
             rows.append(((mid, conv), {"conv": conv, "unread": unread,
                                        "last": orjson.Fragment(last) if last else None}))
-        return total, rows, len(mine)
+        return view.total, rows, read

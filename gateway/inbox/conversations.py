@@ -24,9 +24,10 @@ from gateway.groups.service import GroupService
 __all__ = ["Conversations", "SyncPage"]
 
 GROUP_PREFIX = "g:"
-# A call that reads each of the caller's groups (its sync, its group list) costs
-# one more call of its HTTP budget per this many groups (its conversation list,
-# asked for again and again, reads them once: GroupService's view).
+# A call that reads each of the caller's groups (a sync without its index of
+# groups with news, its group list, its conversation list: the last two kept a
+# moment on the node for a user in many groups) costs one more call of its
+# HTTP budget per this many groups read.
 GROUPS_PER_CALL = 1000
 
 
@@ -89,7 +90,8 @@ class Conversations:
         total covers both. ``cursor``: the previous page's."""
         after = None if cursor is None else _position(user, cursor)
         total, direct = await self.chat.conversation_rows(user, limit, after)
-        group_total, group_rows, _ = await self.groups.conversation_rows(user, limit, after)
+        group_total, group_rows, groups = await self.groups.conversation_rows(user, limit, after)
+        self.charge(user, groups)
         rows, last = inbox.conversation_page([*direct, *group_rows], limit, after)
         return {"total_unread": total + group_total, "conversations": rows,
                 "cursor": None if last is None else encode_cursor(

@@ -288,3 +288,21 @@ async def test_members_at_their_joined_cap_are_refused_and_the_rest_added() -> N
     assert await code_of(world.admin.create("carol", "c", [])) == "forbidden"
     assert world.stores.refusals.count("max_groups_joined") == 4
     await world.close()
+
+
+async def test_a_long_group_list_is_kept_a_moment_and_dropped_by_a_change_here(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user in LIST_MIN_GROUPS groups or more (3 here): its sorted ids are
+    read once for page after page; a group added or left here shows at once."""
+    monkeypatch.setattr(group_admin, "LIST_MIN_GROUPS", 3)
+    admin, cache = world.admin, world.stores.group_cache
+    groups = sorted([(await admin.create(f"o{i}", f"g{i}", ["bob"]))[0] for i in range(4)])
+    first = await admin.list_groups("bob", limit=2)
+    reads = cache.calls["user_groups"]
+    second = await admin.list_groups("bob", first["cursor"], limit=2)
+    assert [g["group"] for g in first["groups"] + second["groups"]] == groups
+    assert second["cursor"] is None and cache.calls["user_groups"] == reads
+    await admin.leave("bob", groups[0])
+    after = await admin.list_groups("bob", limit=10)
+    assert [g["group"] for g in after["groups"]] == groups[1:]
+    assert cache.calls["user_groups"] > reads

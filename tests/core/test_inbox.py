@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from core.inbox import (
+    ConversationIndex,
     GroupRow,
     busy_groups,
     conversation_page,
@@ -103,3 +104,16 @@ def test_group_unread_leaves_out_recalled_seqs_after_the_read():
     assert group_unread(10, 6, 0, (3, 8)) == 3
     assert group_unread(10, 6, 8, (8, 9)) == 1  # joined at 8: only 9, 10; 9 recalled
     assert group_unread(10, 10, 0, (10,)) == 0
+
+
+def test_a_conversation_index_pages_as_newest_does():
+    rng = random.Random(7)
+    rows = [((rng.choice([0, rng.randrange(1, 50)]), f"g:{i}"), i) for i in range(300)]
+    index = ConversationIndex(rows)
+    assert len(index) == 300
+    after = None
+    for count in (1, 7, 50, 300, 0):
+        assert index.newest(count, after) == newest(rows, count, after)
+        page = newest(rows, count, after)
+        after = page[-1][0] if page else after
+    assert index.newest(5, (0, "")) == [] and ConversationIndex([]).newest(3) == []
