@@ -158,11 +158,32 @@ class ConversationIndex(Generic[T]):
     """Rows sorted once by position, for many pages (``newest`` of each page
     costs a binary search and the page, not a pass over every row)."""
 
-    __slots__ = ("_asc", "_keys")
+    __slots__ = ("_asc", "_keys", "_where")
 
     def __init__(self, rows: Iterable[tuple[Position, T]]) -> None:
         self._asc = sorted(rows, key=_position)
         self._keys = [pos for pos, _ in self._asc]
+        self._where = {pos[1]: pos for pos in self._keys}  # conversation -> position
+
+    def update(self, conv: str, value: T, mid: int | None = None) -> T | None:
+        """Give ``conv`` a new value, and a new position when ``mid`` is given
+        (its last message); returns its old value (None: not in the index,
+        nothing changed)."""
+        pos = self._where.get(conv)
+        if pos is None:
+            return None
+        i = bisect.bisect_left(self._keys, pos)
+        old = self._asc[i][1]
+        if mid is None or mid == pos[0]:
+            self._asc[i] = (pos, value)
+            return old
+        del self._asc[i], self._keys[i]
+        new = (mid, conv)
+        j = bisect.bisect_left(self._keys, new)
+        self._asc.insert(j, (new, value))
+        self._keys.insert(j, new)
+        self._where[conv] = new
+        return old
 
     def __len__(self) -> int:
         return len(self._asc)

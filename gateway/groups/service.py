@@ -51,19 +51,26 @@ log = logging.getLogger("gateway.groups.service")
 # messages, known from their indexes): its work whatever the user's groups.
 SYNC_GROUP_READS = 16
 # A user in this many groups or more has its groups' numbers, as its
-# conversation list read them, kept for VIEW_S on the node (dropped by its own
-# reads and sends here): a list asked for again and again reads them once.
+# conversation list read them, kept for VIEW_S on the node (its own reads and
+# sends here update them in place): a list asked for again and again reads
+# them once.
 VIEW_MIN_GROUPS = 200
 VIEW_S = 0.5
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _GroupList:
     """A user's groups in its conversation list: the total unread over them and
     (position, unread) of each, sorted."""
 
     total: int
     index: inbox.ConversationIndex[int]
+
+    def update(self, group: str, unread: int, mid: int | None = None) -> None:
+        """The user's own send (``mid``) or read changed a group's unread."""
+        old = self.index.update(f"g:{group}", unread, mid)
+        if old is not None:
+            self.total += unread - old
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +252,12 @@ class GroupService:
                                 [(s.msg.group, s.msg.mid, s.msg.seq) for s in stored
                                  if not s.msg.wd])
         await self._mark_news(stored)
-        for user, _, _ in summary.reads:  # its own messages are read: its list changed
-            self._views.drop(user)
+        now = time.monotonic()
+        for user, g, seq in summary.reads:  # its own messages are read: its list changed
+            found, view = self._views.get(user, now)
+            if found and view is not None:  # (a concurrent message elsewhere shows later)
+                newest = summary.newest[g]
+                view.update(g, max(0, newest.seq - seq), newest.mid)
         self._later(self.store.set_reads(summary.reads))  # only Redis' rebuild needs it
         await self.offline.deliver([], [(s.msg.sender, s.msg.cmid,
                                          dedup.done(s.msg.mid, s.msg.seq)) for s in stored],
@@ -331,7 +342,6 @@ class GroupService:
 
     async def read(self, user: str, group: str, mid: int) -> int:
         """Read up to ``mid``; returns the group's unread count after it."""
-        self._views.drop(user)
         from_seq, _ = await self._membership(user, group)
         seq = await self.store.seq_of(group, mid)
         if seq is None:
@@ -341,7 +351,11 @@ class GroupService:
             raise ProtocolError("forbidden", "not a member of this group")
         await self.store.set_reads([(user, group, read)])
         state = (await self.cache.states([group]))[group]
-        return inbox.group_unread(state.seq, read, from_seq, state.recalled)
+        unread = inbox.group_unread(state.seq, read, from_seq, state.recalled)
+        found, view = self._views.get(user, time.monotonic())
+        if found and view is not None:  # its list shows the read at once
+            view.update(group, unread)
+        return unread
 
     async def history(self, user: str, group: str, before: int | None, limit: int
                       ) -> tuple[list[dict[str, Any]], int | None]:

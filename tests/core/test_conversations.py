@@ -251,7 +251,7 @@ async def test_a_list_of_many_groups_reads_their_numbers_once_in_a_while(world: 
         reads = cache.calls["states"]
         again = await world.conversations.conversations("bob", 10)
         assert again == first and cache.calls["states"] == reads + 1  # the page's lasts only
-        # bob's own read drops the view: the next list sees it at once.
+        # bob's own read updates the view: the next list sees it at once.
         await world.groups.send("carol", big, "g1", "g1")
         await world.conversations.mark_read("bob", f"g:{big}", (await world.groups.send(
             "carol", big, "g2", "g2")).mid)

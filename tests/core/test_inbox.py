@@ -117,3 +117,13 @@ def test_a_conversation_index_pages_as_newest_does():
         page = newest(rows, count, after)
         after = page[-1][0] if page else after
     assert index.newest(5, (0, "")) == [] and ConversationIndex([]).newest(3) == []
+
+
+def test_a_conversation_index_takes_new_values_and_positions():
+    index = ConversationIndex([((9, "a"), 1), ((5, "g:x"), 2), ((0, "g:q"), 3)])
+    assert index.update("g:x", 0) == 2 and index.newest(3) == [
+        ((9, "a"), 1), ((5, "g:x"), 0), ((0, "g:q"), 3)]
+    assert index.update("g:q", 0, 12) == 3  # a message of its own: first now
+    assert index.newest(3) == [((12, "g:q"), 0), ((9, "a"), 1), ((5, "g:x"), 0)]
+    assert index.newest(2, (12, "g:q")) == [((9, "a"), 1), ((5, "g:x"), 0)]
+    assert index.update("g:nope", 5, 3) is None and len(index) == 3
