@@ -68,7 +68,7 @@ DOC_CACHE_MAX = 50_000
 # node (dropped by a change of its groups made here): its list asked for page
 # after page, or again and again, costs a page each time.
 LIST_MIN_GROUPS = 200
-LIST_S = 1.0
+LIST_S = 2.0
 
 
 class ControlSender(Protocol):

@@ -55,7 +55,7 @@ SYNC_GROUP_READS = 16
 # sends here update them in place): a list asked for again and again reads
 # them once.
 VIEW_MIN_GROUPS = 200
-VIEW_S = 0.5
+VIEW_S = 2.0
 
 
 @dataclass(slots=True)
