@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from store.groups_redis import CACHE_TTL_S
 from store.keys import Keys
 from store.redis_client import Batch, Lua, RedisClient, redis_guard
 
@@ -62,6 +63,7 @@ class GroupNewsRedis:
             pipe = self.redis.pipeline(transaction=False)
             for g in members:
                 pipe.hset(self.keys.group_state(g), MARK_FIELD, scores[g])
+                pipe.expire(self.keys.group_state(g), CACHE_TTL_S)  # (it may have expired)
             await pipe.execute()
 
     async def joined(self, group: str, users: Sequence[str], now_ms: int) -> None:
