@@ -55,6 +55,7 @@ class Settings:
     # it gives up with a one-line error; 0: one try.
     startup_wait_s: float = 30.0
     sync_settle_ms: int = 1000  # sync cursors do not pass in-flight sends
+    group_news_sync: int = 1  # 0: syncs read all the caller's groups (the index is still kept)
     # A person sends a few messages a second at most; bots use the server API.
     send_rate: float = 20.0  # sends per second per user on a node (token bucket)
     send_burst: int = 100
@@ -245,6 +246,8 @@ class Settings:
             raise ConfigError("IM_REDIS_CLUSTER must be 0 or 1")
         if self.metrics_public not in (0, 1):
             raise ConfigError("IM_METRICS_PUBLIC must be 0 or 1")
+        if self.group_news_sync not in (0, 1):
+            raise ConfigError("IM_GROUP_NEWS_SYNC must be 0 or 1")
         if any(len(k) < 24 for k in self.api_key_list):
             raise ConfigError("IM_API_KEYS: each key must be at least 24 characters")
         for origin in self.cors_origin_list:

@@ -107,10 +107,12 @@ class GroupLimits:
     pending_max: int
     mongo_linger_ms: float
     write_diffusion_max: int
+    news_sync: bool = True  # IM_GROUP_NEWS_SYNC: syncs read the index of groups with news
 
     @classmethod
     def from_settings(cls, s: Settings) -> GroupLimits:
-        return cls(s.batch_max, s.pending_max, s.mongo_linger_ms, s.group_write_diffusion_max)
+        return cls(s.batch_max, s.pending_max, s.mongo_linger_ms, s.group_write_diffusion_max,
+                   bool(s.group_news_sync))
 
 
 class GroupService:
@@ -122,6 +124,7 @@ class GroupService:
                  news: GroupNews | None = None) -> None:
         self.store = store
         self.news = news  # each user's groups with news (None: a sync reads them all)
+        self.news_sync = limits.news_sync  # IM_GROUP_NEWS_SYNC: syncs read from it
         self.inflight = inflight if inflight is not None else InFlight()
         self.cache = cache
         self.claims = claims
@@ -433,6 +436,8 @@ class GroupService:
         index is not complete; and whether the caller must seed it."""
         if self.news is None:
             return await self.cache.user_groups(user), False
+        if not self.news_sync:  # rolling out from a release without the index: none
+            return await self.cache.user_groups(user), False  # is opened, none read
         try:
             news = await self.news.news(user, mid_time_ms(since))
         except Unavailable:  # Redis is down: as without an index (nothing to seed)

@@ -98,3 +98,20 @@ async def test_the_index_never_hides_news_a_join_or_a_lost_index(
     m4 = (await cs.request("group_send", group=g2, cmid="4", body=4))["mid"]
     assert (await _sync_all(http, node, user, cursor))[0] == [m2, m3, m4]
     assert (await _sync_all(http, node, user, after))[0] == [m4]
+
+
+async def test_without_the_index_a_sync_reads_every_group(make_node, connect, http):
+    """``IM_GROUP_NEWS_SYNC=0`` (a rollout from a release without the index):
+    every sync reads all the caller's groups and answers the same."""
+    node = await make_node(group_write_diffusion_max=2, http_rate=0, sync_settle_ms=0,
+                           group_news_sync=0)
+    user, sender = uid("u"), uid("s")
+    groups = [(await http(sender, node).post("/v1/groups", json={
+        "name": f"g{i}", "members": [user, uid("f")]})).json()["group"] for i in range(3)]
+    cs = await connect(node, sender)
+    first = (await cs.request("group_send", group=groups[0], cmid="1", body=1))["mid"]
+    got, cursor = await _sync_all(http, node, user, 0)
+    assert got == [first]
+    later = (await cs.request("group_send", group=groups[2], cmid="2", body=2))["mid"]
+    rows, _, read = await node.app.groups.sync_rd(user, cursor, 100)
+    assert [mid for mid, _ in rows] == [later] and read == 3
