@@ -124,10 +124,12 @@ def rd_plan(indexed: Mapping[str, Sequence[tuple[int, int]]], from_seq: Mapping[
 
 
 def merge_group_pages(
-    pages: Iterable[Sequence[tuple[int, T]]], limit: int
+    pages: Iterable[Sequence[tuple[int, T]]], limit: int, below: int | None = None
 ) -> list[tuple[int, T]]:
-    """Several groups' ascending pages as one, oldest first, at most ``limit``."""
-    return sorted((row for page in pages for row in page), key=_mid)[:limit]
+    """Several groups' ascending pages as one, oldest first, at most ``limit``;
+    with ``below``, only rows under that mid (a plan's cut)."""
+    return sorted((row for page in pages for row in page
+                   if below is None or row[0] < below), key=_mid)[:limit]
 
 
 # Where a conversation stands in the list: (its last mid, its id); the list is

@@ -80,6 +80,11 @@ class NodeMetrics:
             "its 1:1 page was read: redis (the offline store vouched for the range) or mongo "
             "(the boxes: after a Redis loss, or a cursor older than the offline store)",
             ["source"], buckets=(1, 5, 15, 60, 300, 1800, 3600, 86_400, 604_800), registry=r)
+        self.group_sync_pages = Counter(
+            "im_group_sync_pages_total", "Groups a sync read read-diffused messages of, by "
+            "where: redis (the frames a group keeps of its newest messages) or mongo (a "
+            "message too old, too big, or a group whose kept frames are gone)",
+            ["source"], registry=r)
         self.offline_fills = Counter(
             "im_offline_fills_total", "Syncs that read MongoDB and put what they read into "
             "the offline store (filled), or could not (refused: a hole below its floor, a "

@@ -14,6 +14,11 @@
   by mid) and ``~`` at the floor above which it is complete: a sync learns
   which groups hold its next messages without asking MongoDB
   (``group_rd.lua``; without ``~`` it is rebuilt from MongoDB).
+- ``grf:{g:G}``: the client frames of the group's newest ``RD_FRAMES``
+  read-diffused messages of at most ``RD_FRAME_MAX`` bytes, by seq (a
+  recalled one's tombstone once recalled): a sync of groups with news answers
+  from them, and reads MongoDB only for a group missing one
+  (``group_frames.lua``).
 - ``gm:{g:G}``: the member set; ``ug:{user}``: the user's groups with the seq
   each membership starts after and the read seq. Both carry the marker
   ``~`` once complete; without it they are rebuilt from MongoDB.
@@ -50,6 +55,12 @@ RECALLED_KEPT = 1000  # recalled seqs a group's state keeps (older ones count as
 INFO_VERSION = "iv"  # a state's count of changes of the group's name, owner or size
 RD_KEPT = 1000  # read-diffused messages a group's index keeps (a sync from further
 # back reads that group from MongoDB)
+# A group's newest read-diffused messages kept as frames for syncs (a bigger
+# frame, an older one, or one past the TTL is read from MongoDB): a sync of a
+# user in many busy groups then costs Redis reads, not a MongoDB query per group.
+RD_FRAMES = 100
+RD_FRAME_MAX = 2048  # bytes
+FRAMES_TTL_S = 86_400
 
 
 class GroupCacheRedis:
@@ -71,6 +82,7 @@ class GroupCacheRedis:
         self._numbers = Lua("group_numbers.lua")
         self._rd = Lua("group_rd.lua")
         self._rd_after = Lua("group_rd_after.lua")
+        self._frames = Lua("group_frames.lua")
 
     # -- members ---------------------------------------------------------------
     async def is_member(self, group: str, user: str) -> bool:
@@ -295,6 +307,18 @@ class GroupCacheRedis:
                                              for i in range(0, len(raw), 2)]
                 for g, raw in zip(groups, got, strict=True)}
 
+    async def rd_frames(self, wanted: Mapping[str, Sequence[int]]
+                        ) -> dict[str, list[bytes] | None]:
+        """Per group, the kept frames of these seqs in their order; None for a
+        group missing any of them (MongoDB must be asked)."""
+        async with redis_guard():
+            pipe = self.redis.pipeline(transaction=False)
+            for g, seqs in wanted.items():
+                pipe.hmget(self.keys.group_frames(g), list(seqs))
+            got = await pipe.execute()
+        return {g: None if any(f is None for f in frames) else list(frames)
+                for g, frames in zip(wanted, got, strict=True)}
+
     async def rebuild_rd(self, group: str) -> None:
         entries, floor = await self.store.rd_index(group, RD_KEPT)
         pairs = [x for mid, seq in entries for x in (mid, seq)]
@@ -383,6 +407,8 @@ class GroupCacheRedis:
         async with redis_guard():
             await self._recall(self.redis, [self.keys.group_state(group)],
                                [seq, mid, tombstone, RECALLED_KEPT])
+            await self._frames(self.redis, [self.keys.group_frames(group)],
+                               [FRAMES_TTL_S, RD_FRAMES, "recall", seq, tombstone])
         await self._merge_numbers([(group, "0", GroupState(0, 0, None, 0, (seq,)))])
 
     async def _rebuild_state(self, group: str) -> dict[bytes, bytes]:
@@ -412,18 +438,25 @@ class GroupCacheRedis:
 
     async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
                      senders: Sequence[tuple[str, str, int]] = (),
-                     rd: Sequence[tuple[str, int, int]] = ()) -> None:
+                     rd: Sequence[tuple[str, int, int, bytes]] = ()) -> None:
         """After a batch: (group, seq, lastmid, encoded newest message, rdmid) per
         group, (user, group, seq) per sender (its own messages are read), and
-        (group, mid, seq) per read-diffused message (the group's index)."""
+        (group, mid, seq, frame) per read-diffused message (the group's index
+        and its kept frames)."""
         async with redis_guard():
             batch = Batch(self.redis)
             index: dict[str, list[int]] = {}
-            for g, mid, seq in rd:
+            frames: dict[str, list[int | bytes]] = {}
+            for g, mid, seq, frame in rd:
                 index.setdefault(g, []).extend((mid, seq))
+                if len(frame) <= RD_FRAME_MAX:
+                    frames.setdefault(g, []).extend((seq, frame))
             for g, pairs in index.items():
                 batch.script(self._rd, keys=[self.keys.group_rd(g)],
                              args=[CACHE_TTL_S, RD_KEPT, "", *pairs])
+            for g, kept in frames.items():
+                batch.script(self._frames, keys=[self.keys.group_frames(g)],
+                             args=[FRAMES_TTL_S, RD_FRAMES, "add", *kept])
             numbers: dict[str, list[Any]] = {}
             for g, seq, lastmid, last, rdmid in updates:
                 batch.script(self._state, keys=[self.keys.group_state(g)],

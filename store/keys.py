@@ -102,6 +102,11 @@ class Keys:
         mid) and ``~`` at the floor it is complete above (``group_rd.lua``)."""
         return f"{self.ns}:grd:{{g:{group}}}"
 
+    def group_frames(self, group: str) -> str:
+        """Hash: seq -> client frame of the group's newest read-diffused messages
+        (``group_frames.lua``): what a sync answers with, not read from MongoDB."""
+        return f"{self.ns}:grf:{{g:{group}}}"
+
     def group_numbers(self, group: str) -> str:
         """Hash (one of ``GROUP_NUMBER_SHARDS``, by group): group -> its numbers
         as ``ok,seq,lastmid,rdmid,recalled`` (``group_numbers.lua``)."""

@@ -484,9 +484,16 @@ class GroupCache(Protocol):
 
     async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
                      senders: Sequence[tuple[str, str, int]] = (),
-                     rd: Sequence[tuple[str, int, int]] = ()) -> None:
+                     rd: Sequence[tuple[str, int, int, bytes]] = ()) -> None:
         """After a batch: the groups' state, the senders' read seqs, and
-        (group, mid, seq) of each read-diffused message for the groups' indexes."""
+        (group, mid, seq, client frame) of each read-diffused message for the
+        groups' indexes and kept frames."""
+        ...
+
+    async def rd_frames(self, wanted: Mapping[str, Sequence[int]]
+                        ) -> dict[str, list[bytes] | None]:
+        """Per group, the client frames of these seqs as kept in Redis, in their
+        order; None for a group missing any (too old, too big, or gone)."""
         ...
 
     async def rd_after(self, groups: Mapping[str, int], since: int, count: int

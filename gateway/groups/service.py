@@ -131,6 +131,7 @@ class GroupService:
         self.mids = mids
         self.diffusion = diffusion
         self.offline = offline
+        self.metrics = metrics
         self.wd_max = limits.write_diffusion_max
         self._writes: Batcher[_Pending, _Stored] = Batcher(
             self._flush, name="mongo", max_batch=limits.batch_max,
@@ -252,7 +253,7 @@ class GroupService:
         summary = groupseq.summarize([s.msg for s in stored])
         await self.cache.record([(g, m.seq, m.mid, frames[id(m)], summary.rdmid.get(g, 0))
                                  for g, m in summary.newest.items()], summary.reads,
-                                [(s.msg.group, s.msg.mid, s.msg.seq) for s in stored
+                                [(s.msg.group, s.msg.mid, s.msg.seq, s.frame) for s in stored
                                  if not s.msg.wd])
         await self._mark_news(stored)
         now = time.monotonic()
@@ -414,20 +415,39 @@ class GroupService:
             return [], None, len(mine)
         indexed = await self.cache.rd_after({g: mine[g].from_seq for g in busy}, since,
                                             limit + 1)
+        known = {g: e for g, e in indexed.items() if e is not None}
         unknown = [g for g in busy if indexed[g] is None]
-        plan = inbox.rd_plan({g: e for g, e in indexed.items() if e is not None},
-                             {g: mine[g].from_seq for g in busy}, limit, SYNC_GROUP_READS)
-        reads = [*plan.reads.items(), *((g, limit + 1) for g in unknown)]
+        plan = inbox.rd_plan(known, {g: mine[g].from_seq for g in busy}, limit,
+                             SYNC_GROUP_READS)
+        kept = await self._kept_frames({g: [seq for _, seq in known[g][:n]]
+                                        for g, n in plan.reads.items()})
+        reads = [*((g, n) for g, n in plan.reads.items() if g not in kept),
+                 *((g, limit + 1) for g in unknown)]
         pages = await asyncio.gather(*(
             self.store.page(g, from_seq=mine[g].from_seq, after=since, limit=count,
                             only_rd=True) for g, count in reads))
+        self.metrics.group_sync_pages.labels("redis").inc(len(kept))
+        self.metrics.group_sync_pages.labels("mongo").inc(len(reads))
         for g in unknown[:SYNC_GROUP_READS]:
             self._later(self.cache.rebuild_rd(g))
         cut = plan.cut
         rows = inbox.merge_group_pages(
-            [[(m.mid, group_frame(m)) for m in page if cut is None or m.mid < cut]
-             for page in pages], limit + 1)
+            [*([(m.mid, group_frame(m)) for m in page] for page in pages),
+             *([(mid, orjson.loads(f)) for (mid, _), f in zip(known[g], frames, strict=False)]
+               for g, frames in kept.items())], limit + 1, below=cut)
         return rows, cut, len(mine)
+
+    async def _kept_frames(self, wanted: dict[str, list[int]]) -> dict[str, list[bytes]]:
+        """The planned groups' messages are those of their indexes: the groups
+        whose frames Redis keeps for all of them (the others are read from
+        MongoDB; all of them when Redis fails here)."""
+        if not wanted:
+            return {}
+        try:
+            got = await self.cache.rd_frames(wanted)
+        except Unavailable:
+            return {}
+        return {g: frames for g, frames in got.items() if frames is not None}
 
     async def _groups_with_news(self, user: str, since: int
                                 ) -> tuple[dict[str, Membership], bool]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from router.controls import Control
 from store.errors import GroupGone
-from store.groups_redis import RECALLED_KEPT
+from store.groups_redis import RD_FRAME_MAX, RECALLED_KEPT
 from store.records import GroupMessage, GroupState, Membership
 from tests.core.fakes import Faulty
 
@@ -245,6 +245,7 @@ class FakeGroupCache(Faulty):
         self.records: list[tuple[str, int, int, bytes, int]] = []
         # group -> ({mid: seq} of read-diffused messages, floor or None: unknown)
         self.index: dict[str, tuple[dict[int, int], int | None]] = {}
+        self.frames: dict[str, dict[int, bytes]] = {}  # group -> seq -> kept frame
         self.store: FakeGroupStore | None = None  # what rebuild_rd reads
         self.versions: dict[str, int] = {}  # info_changed's counts
 
@@ -309,6 +310,8 @@ class FakeGroupCache(Faulty):
         seqs (newest last, at most ``RECALLED_KEPT``) and the last message, if it
         was this one, becomes ``tombstone``; an unknown state is left alone."""
         self._up("recalled")
+        if seq in self.frames.get(group, {}):
+            self.frames[group][seq] = tombstone
         old = self.state.get(group)
         if old is None or seq in old.recalled:
             return
@@ -345,6 +348,16 @@ class FakeGroupCache(Faulty):
         self._up("info_changed")
         self.versions[group] = self.versions.get(group, 0) + 1
 
+    async def rd_frames(self, wanted: Mapping[str, Sequence[int]]
+                        ) -> dict[str, list[bytes] | None]:
+        """As ``group_frames.lua`` without its trim: a group missing any: None."""
+        self._up("rd_frames")
+        out: dict[str, list[bytes] | None] = {}
+        for g, seqs in wanted.items():
+            kept = self.frames.get(g, {})
+            out[g] = [kept[q] for q in seqs] if all(q in kept for q in seqs) else None
+        return out
+
     async def rebuild_rd(self, group: str) -> None:
         self._up("rebuild_rd")
         assert self.store is not None
@@ -354,11 +367,13 @@ class FakeGroupCache(Faulty):
 
     async def record(self, updates: Sequence[tuple[str, int, int, bytes, int]],
                      senders: Sequence[tuple[str, str, int]] = (),
-                     rd: Sequence[tuple[str, int, int]] = ()) -> None:
+                     rd: Sequence[tuple[str, int, int, bytes]] = ()) -> None:
         self._up("record")
-        for g, mid, seq in rd:
+        for g, mid, seq, frame in rd:
             entries, floor = self.index.setdefault(g, ({}, None))
             entries[mid] = seq
+            if len(frame) <= RD_FRAME_MAX:
+                self.frames.setdefault(g, {})[seq] = frame
         for g, seq, lastmid, last, rdmid in updates:
             self.records.append((g, seq, lastmid, last, rdmid))
             old = self.state.get(g, NO_STATE)

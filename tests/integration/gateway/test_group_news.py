@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
+
+from store.groups_redis import FRAMES_TTL_S, RD_FRAMES
 from store.keys import Keys
 from tests.conftest import RUN_NS, settle, uid
 
@@ -115,3 +118,64 @@ async def test_without_the_index_a_sync_reads_every_group(make_node, connect, ht
     later = (await cs.request("group_send", group=groups[2], cmid="2", body=2))["mid"]
     rows, _, read = await node.app.groups.sync_rd(user, cursor, 100)
     assert [mid for mid, _ in rows] == [later] and read == 3
+
+
+def _pages(node: Any, source: str) -> float:
+    value: float = node.metrics.group_sync_pages.labels(source)._value.get()
+    return value
+
+
+async def test_a_sync_answers_from_the_groups_kept_frames_as_mongodb_would(
+        make_node, connect, http, redis_client):
+    """The frames of a group's newest read-diffused messages are kept in Redis:
+    a sync answers from them, the same frames MongoDB gives (a recalled one
+    as its tombstone); a frame too big to keep, or a group whose kept frames
+    are gone, is read from MongoDB."""
+    node = await make_node(group_write_diffusion_max=2, http_rate=0, sync_settle_ms=0)
+    user, sender = uid("u"), uid("s")
+    groups = [(await http(sender, node).post("/v1/groups", json={
+        "name": f"g{i}", "members": [user, uid("f")]})).json()["group"] for i in range(3)]
+    cs = await connect(node, sender)
+    sent = [(await cs.request("group_send", group=g, cmid=f"{i}", body={"n": i, "t": "x"}))["mid"]
+            for i, g in enumerate([*groups, *groups])]
+    assert (await cs.request("recall", mid=sent[1]))["op"] == "ok"
+
+    async def full_page() -> list[dict[str, Any]]:
+        page = (await http(user, node).get("/v1/sync", params={"since": 0})).json()
+        return [m for m in page["msgs"] if m.get("group")]
+
+    redis_before, mongo_before = _pages(node, "redis"), _pages(node, "mongo")
+    kept = await full_page()
+    assert [m["mid"] for m in kept] == sent
+    assert kept[1]["recalled"] and "body" not in kept[1]
+    assert kept[3]["body"] == {"n": 3, "t": "x"}
+    assert _pages(node, "mongo") == mongo_before and _pages(node, "redis") == redis_before + 3
+    assert 0 < await redis_client.ttl(Keys(RUN_NS).group_frames(groups[0])) <= FRAMES_TTL_S
+    # The kept frames gone (Redis lost them, or their TTL passed): MongoDB answers the same.
+    for g in groups:
+        assert await redis_client.delete(Keys(RUN_NS).group_frames(g)) == 1
+    assert await full_page() == kept
+    assert _pages(node, "mongo") == mongo_before + 3
+    # A frame over the size kept: its group is read from MongoDB, the others not.
+    big = (await cs.request("group_send", group=groups[0], cmid="big", body="y" * 3000))["mid"]
+    small = (await cs.request("group_send", group=groups[1], cmid="small", body="z"))["mid"]
+    rows, _, _ = await node.app.groups.sync_rd(user, sent[-1], 100)
+    assert [(mid, orjson.loads(orjson.dumps(f))["body"]) for mid, f in rows] == [
+        (big, "y" * 3000), (small, "z")]
+    assert _pages(node, "mongo") == mongo_before + 4 and _pages(node, "redis") == redis_before + 4
+
+
+async def test_a_group_keeps_the_frames_of_its_newest_messages_only(
+        make_node, redis_client):
+    """Past twice the number kept, the oldest frames go down to that number; a
+    sync asking for one gone reads MongoDB."""
+    node = await make_node()
+    cache, group = node.app.groups.cache, uid("g")
+    for seq in range(1, 2 * RD_FRAMES + 1):
+        await cache.record([], (), [(group, 1000 + seq, seq, b"f%d" % seq)])
+    key = Keys(RUN_NS).group_frames(group)
+    assert await redis_client.hlen(key) == RD_FRAMES
+    newest = list(range(RD_FRAMES + 1, 2 * RD_FRAMES + 1))
+    assert await cache.rd_frames({group: newest[-2:]}) == {
+        group: [b"f%d" % q for q in newest[-2:]]}
+    assert await cache.rd_frames({group: [RD_FRAMES, newest[0]]}) == {group: None}
