@@ -39,6 +39,17 @@ class Bindings:
         self._totals: deque[int] = deque(maxlen=window_ticks + 1)
         self._tasks: set[asyncio.Task[list[str]]] = set()
 
+    def keep(self, keys: Iterable[str]) -> list[str]:
+        """The keys bound already stay bound (a pending lazy unbind cancelled);
+        returned: those not bound yet, for ``ensure``."""
+        unbound = []
+        for key in keys:
+            if key in self.bound:
+                self._idle.pop(key, None)
+            else:
+                unbound.append(key)
+        return unbound
+
     async def ensure(self, key: str) -> None:
         """Bound before this returns (the broker replays it after a reconnect)."""
         self._idle.pop(key, None)

@@ -68,6 +68,11 @@ class Settings:
     refuse_burst: int = 100  # ...before it is closed with 1008 (it keeps flooding)
     reply_buffer_max: int = 1 << 20  # bytes queued on a socket before a reply closes it
     max_conns_per_user: int = 10  # WebSocket connections of one user on one node
+    # A user's handshakes on a node (0: no limit): a client closed for flooding
+    # that reconnects at once, over and over, repeats a connect's work each time
+    # (its groups loaded and joined, its presence told).
+    user_handshake_rate: float = 5.0  # handshakes per second per user on a node...
+    user_handshake_burst: int = 50  # ... with this many saved up
     batch_max: int = 256  # documents per Mongo batch / commands per Redis pipeline
     mongo_linger_ms: float = 2.0  # wait this long for a Mongo write batch to fill
     mongo_inflight: int = 1  # Mongo write batches in flight at once
@@ -209,7 +214,8 @@ class Settings:
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s", "room_history",
                      "group_write_diffusion_max", "group_max_members", "feed_push_max",
                      "ip_handshake_rate", "ip_handshake_burst", "max_conns_per_ip",
-                     "push_confirm_ms", "relation_lookup_rate", "relation_lookup_burst"):
+                     "push_confirm_ms", "relation_lookup_rate", "relation_lookup_burst",
+                     "user_handshake_rate", "user_handshake_burst"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"IM_{name.upper()} must not be negative")
         self._validate_edge()

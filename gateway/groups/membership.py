@@ -53,8 +53,11 @@ class GroupMembership:
     async def _join(self, client: Client, groups: list[str]) -> None:
         for g in groups:
             self.ghub.add(client, g)
-        # ensure() is cheap when bound, and also cancels a pending lazy unbind.
-        await asyncio.gather(*(self.bindings.ensure(group_key(g)) for g in groups))
+        # Keys bound already cost no task (a user in 2,000 groups reconnecting);
+        # ensure() also cancels a pending lazy unbind.
+        unbound = self.bindings.keep([group_key(g) for g in groups])
+        if unbound:
+            await asyncio.gather(*(self.bindings.ensure(k) for k in unbound))
 
     def disconnected(self, client: Client) -> None:
         now = time.monotonic()

@@ -87,12 +87,14 @@ class ConnectionLimits:
     ip_handshake_burst: int = 0
     max_conns_per_ip: int = 0
     trusted_proxies: str = ""
+    user_handshake_rate: float = 0.0  # per user (0: no limit)
+    user_handshake_burst: int = 0
 
     @classmethod
     def from_settings(cls, s: Settings) -> ConnectionLimits:
         return cls(s.max_conns_per_user, s.max_inflight, s.reply_buffer_max,
                    s.ip_handshake_rate, s.ip_handshake_burst, s.max_conns_per_ip,
-                   s.trusted_proxies)
+                   s.trusted_proxies, s.user_handshake_rate, s.user_handshake_burst)
 
 
 @dataclass(frozen=True, slots=True)

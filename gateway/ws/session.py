@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,7 @@ from websockets.protocol import State
 
 from core.client_ip import IpLimits, Proxies, client_ip
 from core.errors import Unavailable
+from core.ratelimit import KeyedBuckets
 from gateway import frames, wire
 from gateway import protocol as p
 from gateway.auth import Token, TokenVerifier, bearer_token
@@ -84,6 +86,8 @@ class Sessions:
         self._budgets = sc.UserBudgets(limits)  # each user's, over its connections here
         self._ips = IpLimits(conns.ip_handshake_rate, conns.ip_handshake_burst,
                              conns.max_conns_per_ip)
+        self._user_handshakes = KeyedBuckets(conns.user_handshake_rate,
+                                             conns.user_handshake_burst)
         self._expiries = ExpiryWheel(self._expired)
         self.limits = limits
         # Op name -> its handler, ``op_<name>`` (gateway.protocol.OPS): a row
@@ -117,6 +121,14 @@ class Sessions:
             status = HTTPStatus.FORBIDDEN if err.code == "forbidden" else HTTPStatus.UNAUTHORIZED
             return conn.respond(status, err.message + "\n")
         user = checked.user
+        if not self._user_handshakes.take(user, time.monotonic()):
+            self.metrics.limit_refusals.labels("user_handshakes").inc()
+            response = conn.respond(HTTPStatus.TOO_MANY_REQUESTS,
+                                    "too many connection attempts by this user on a node "
+                                    "(IM_USER_HANDSHAKE_RATE); wait and retry\n")
+            response.headers["Retry-After"] = str(
+                max(1, math.ceil(1 / self.conns.user_handshake_rate)))
+            return response
         if self.registry.connections_of(user) >= self.conns.max_conns_per_user:
             self.metrics.closed.labels("conn_cap").inc()
             return conn.respond(HTTPStatus.TOO_MANY_REQUESTS,

@@ -1,6 +1,7 @@
 """Per client address limits at the WebSocket edge, on a real node: handshakes
 per second and open connections per address (429 with the reason), and
-``X-Forwarded-For`` believed only from a trusted proxy."""
+``X-Forwarded-For`` believed only from a trusted proxy; and handshakes per
+second per user."""
 
 from __future__ import annotations
 
@@ -55,3 +56,19 @@ async def test_forwarded_for_counts_only_from_a_trusted_proxy(make_node, connect
     await connect(proxied, uid("u"), additional_headers={"X-Forwarded-For": "198.51.100.1"})
     await connect(proxied, uid("u"), additional_headers={"X-Forwarded-For": "198.51.100.2"})
     await _refused(proxied, uid("u"), additional_headers={"X-Forwarded-For": "198.51.100.1"})
+
+
+async def test_handshakes_per_second_per_user_are_capped(make_node, connect):
+    """A user reconnecting over and over (closed for flooding, say) is refused
+    past its burst, with Retry-After; other users connect as before."""
+    node = await make_node(user_handshake_rate=0.5, user_handshake_burst=3)
+    user = uid("u")
+    for _ in range(3):
+        await (await connect(node, user)).close()
+    with pytest.raises(InvalidStatus) as info:
+        await Device.open(node.ws_port, token(user))
+    assert info.value.response.status_code == 429
+    assert "IM_USER_HANDSHAKE_RATE" in info.value.response.body.decode()
+    assert info.value.response.headers["Retry-After"] == "2"
+    assert await _count(node, "user_handshakes") == 1
+    await connect(node, uid("other"))
