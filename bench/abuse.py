@@ -81,7 +81,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench import cli, common
+from bench import cli, common, store_probe
 from bench.abuse_attacker import (
     TEXT,
     Calls,
@@ -111,7 +111,7 @@ LIMITS = {"send": 1.5, "sync": 2.0, "sync_cursor": 2.0, "groups": 2.0,
           "conversations": 2.0}  # the criterion
 # The node's real budgets (``Run.start_nodes`` lifts them for the other benchmarks).
 REAL_BUDGETS = ("send_rate", "send_burst", "op_rate", "op_burst", "refuse_burst",
-                "max_conns_per_user", "http_rate")
+                "max_conns_per_user", "http_rate", "user_handshake_rate", "user_handshake_burst")
 log = functools.partial(common.say, "abuse")
 
 
@@ -451,6 +451,10 @@ def summarise(res: dict[str, Any]) -> dict[str, Any]:
                                                "group_send_per_s", "group_acks_per_s",
                                                "group_send_ack", "error_pushes",
                                                "closed_by_node", "reopen_attempts")}
+    if attack := phases.get("attack"):
+        out["attack_store_top"] = attack.get("store_commands", [])[:3]
+    if (probe := res.get("store_probe")) and "error" not in probe:
+        out["store_probe"] = probe
     errors = {k: v["error"] for k, v in res.items() if isinstance(v, dict) and "error" in v}
     if errors:
         out["errors"] = errors
@@ -483,6 +487,13 @@ def table(summary: dict[str, Any]) -> str:
                      f"{att['group_send_per_s']}/s, acked {att['group_acks_per_s']}/s, "
                      f"ack p50 {att['group_send_ack']['p50_ms']} ms")
     lines.append(f"busiest processes: {summary['cpu_top']}")
+    if top := summary.get("attack_store_top"):
+        lines.append("store time under attack: " + "; ".join(
+            f"{c['command']} x{c['count']}: {c['seconds']} s" for c in top))
+    if probe := summary.get("store_probe"):
+        lines.append(f"the store alone, same run ({probe['docs']} documents): findAndModify by "
+                     f"_id {probe['find_and_modify_ms']} ms, update {probe['update_one_ms']} ms,"
+                     f" find {probe['find_one_ms']} ms")
     if errors := summary.get("errors"):
         lines.append(f"ERRORS: {errors}")
     return "\n".join(lines)
@@ -546,6 +557,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if "error" in res[name]:
                 log(f"{name}: {res[name]['error']}")
                 break
+        # The store's own speed at the seq allocation, at the size of the
+        # groups collection the attack ran against (bench/store_probe.py).
+        res["store_probe"] = await common.reported(
+            store_probe.probe(args.mongo_url, args.groups), 300)
     finally:
         res["cleanup"] = await b.close()
     return res

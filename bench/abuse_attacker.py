@@ -117,7 +117,10 @@ class Slot:
                 try:
                     self.att.reopens += 1
                     return await self.open()
-                except (OSError, InvalidStatus, TimeoutError):
+                except InvalidStatus as exc:  # 429: a per-user or per-connection cap
+                    self.att.closes[f"handshake {exc.response.status_code}"] += 1
+                    await asyncio.sleep(0.25 * (attempt + 1))
+                except (OSError, TimeoutError):
                     await asyncio.sleep(0.25 * (attempt + 1))
             raise DeviceClosed(f"connection {self.i} could not be opened again")
 

@@ -53,7 +53,7 @@ class Run:
             "namespace": ns, "ws_port": 0, "http_port": 0, "send_rate": 1_000_000,
             "send_burst": 1_000_000, "op_rate": 1_000_000, "op_burst": 1_000_000,
             "refuse_burst": 1_000_000, "max_conns_per_user": 1_000_000, "http_rate": 0,
-            "ip_handshake_rate": 0, "max_conns_per_ip": 0,
+            "ip_handshake_rate": 0, "max_conns_per_ip": 0, "user_handshake_rate": 0,
             "metrics_port": -1, "metrics_public": 1, "auth_secret": self.secret,
             "mongo_url": a.mongo_url, "redis_url": a.redis_url, "amqp_url": a.amqp_url,
             "redis_cluster": getattr(a, "redis_cluster", 0),
