@@ -1,5 +1,6 @@
-"""``python -m gateway serve`` runs a node; ``python -m gateway token USER`` prints a token;
-``python -m gateway events --webhook URL`` relays events to a webhook (``relay.webhook``)."""
+"""``python -m gateway serve`` runs a node; ``python -m gateway config`` prints and checks
+the settings; ``python -m gateway token USER`` prints a token; ``python -m gateway
+events --webhook URL`` relays events to a webhook (``relay.webhook``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from gateway.auth import SecretError, issue_token, with_secret
+from gateway.cli import settings as config_cli
 from gateway.config import ConfigError, Settings
 from gateway.node import Node, StartupError
 from relay import webhook
@@ -21,14 +23,32 @@ from relay import webhook
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("serve", help="run one gateway node (settings from IM_* variables)")
+    serve_p = sub.add_parser(
+        "serve", help="run one gateway node (settings from IM_* variables)",
+        description="Run one gateway node: WebSocket /ws and the HTTP API (with the demo "
+        "at /demo/). Ctrl-C or SIGTERM drains it.",
+        epilog=config_cli.settings_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    conf = sub.add_parser(
+        "config", help="print the effective settings (secrets masked) and check them",
+        description="Print each IM_* setting as the node would use it, and where it came "
+        "from; exit 2 with one line per problem on standard error if any.")
+    what = conf.add_mutually_exclusive_group()
+    what.add_argument("--example", action="store_true",
+                      help="print an env file with every setting at its default, commented")
+    what.add_argument("--markdown", action="store_true",
+                      help="print the settings as a markdown table (README's)")
     tok = sub.add_parser("token", help="print a token for USER (development and tests)")
     tok.add_argument("user")
+    for p in (serve_p, conf, tok):
+        p.add_argument("--env-file", metavar="FILE",
+                       help="NAME=value lines read before the environment (which wins)")
     tok.add_argument("--ttl", type=int, default=None,
                      help="seconds until it expires (default: a day, at most IM_AUTH_MAX_TTL_S)")
     _events_arguments(sub.add_parser(
         "events", help="relay {IM_NAMESPACE}.events to a webhook (secret: IM_WEBHOOK_SECRET)"))
     args = parser.parse_args(argv)
+    if args.cmd == "config":
+        return config(args)
     if args.cmd == "events":  # needs no token secret: none of the nodes' settings but two
         try:
             nodes = Settings.from_env({k: v for k, v in os.environ.items()
@@ -39,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         return webhook.main(args, os.environ, namespace=nodes.namespace,
                             amqp_url=nodes.amqp_url)
     try:
-        settings, secret_file = with_secret(Settings.from_env())
+        env = {**config_cli.read_env_file(args.env_file), **os.environ} if args.env_file \
+            else dict(os.environ)
+        for name in config_cli.unknown_names(env):
+            print(f"gateway: warning: {name} is not a setting (ignored; "
+                  "`python -m gateway serve --help` lists them)", file=sys.stderr)
+        settings, secret_file = with_secret(Settings.from_env(env))
     except (ConfigError, SecretError) as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
@@ -56,6 +81,31 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     return serve(settings, secret_file)
+
+
+def config(args: argparse.Namespace) -> int:
+    if args.example:
+        print(config_cli.example_env())
+        return 0
+    if args.markdown:
+        print(config_cli.markdown_table())
+        return 0
+    try:
+        file_env = config_cli.read_env_file(args.env_file) if args.env_file else {}
+    except ConfigError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    checked = config_cli.check(dict(os.environ), file_env)
+    if checked.settings is None:
+        for problem in checked.problems:
+            print(f"gateway: {problem}", file=sys.stderr)
+        return 2
+    for line in config_cli.render(checked.settings, checked.sources):
+        print(line)
+    if not checked.settings.auth_secret:
+        print("# IM_AUTH_SECRET is unset: `serve` signs and checks tokens with a random "
+              "secret kept in IM_AUTH_SECRET_FILE (refused with IM_ENV=production)")
+    return 0
 
 
 def _events_arguments(p: argparse.ArgumentParser) -> None:

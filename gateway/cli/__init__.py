@@ -1,0 +1,1 @@
+"""What the command line (``python -m gateway``) shows people, apart from serving."""
