@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 import time
@@ -129,7 +130,11 @@ class Node:
                 loop.call_soon_threadsafe(self._on_beat, result)
 
         self._keeper.start(report)
-        await self._listen(app)
+        try:
+            await self._listen(app)
+        except StartupError:  # a port in use: what started is stopped, then one line
+            await self.close()
+            raise
         self._tasks.append(asyncio.create_task(self._every("room housekeeping",
                                                            s.room_report_s, app.tick)))
         # Every half second: a send in flight longer than that (and than the
@@ -188,20 +193,24 @@ class Node:
 
     async def _listen(self, app: App) -> None:
         s = self.settings
-        self._ws_server = await serve(
-            app.sessions.handle, s.host, s.ws_port,
-            process_request=app.sessions.process_request,
-            max_size=s.max_frame, compression=None, ping_interval=20, ping_timeout=20,
-            close_timeout=2, backlog=s.listen_backlog,
-        )
+        with _listening(s.host, s.ws_port, "IM_WS_PORT"):
+            self._ws_server = await serve(
+                app.sessions.handle, s.host, s.ws_port,
+                process_request=app.sessions.process_request,
+                max_size=s.max_frame, compression=None, ping_interval=20, ping_timeout=20,
+                close_timeout=2, backlog=s.listen_backlog,
+            )
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
-        sock = socket.create_server((s.host, s.http_port), reuse_port=False)
+        with _listening(s.host, s.http_port, "IM_HTTP_PORT"):
+            sock = socket.create_server((s.host, s.http_port), reuse_port=False)
         self.http_port = sock.getsockname()[1]
         self._http = self._http_server(app.http)
         # The socket already listens, so clients can connect before uvicorn is up.
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
         if s.metrics_port >= 0:  # /metrics apart from the API (IM_METRICS_HOST/PORT)
-            msock = socket.create_server((s.metrics_host, s.metrics_port), reuse_port=False)
+            with _listening(s.metrics_host, s.metrics_port, "IM_METRICS_PORT"):
+                msock = socket.create_server((s.metrics_host, s.metrics_port),
+                                             reuse_port=False)
             self.metrics_port = msock.getsockname()[1]
             self._metrics_http = self._http_server(build_metrics_http(self.metrics))
             self._metrics_task = asyncio.create_task(self._metrics_http.serve(sockets=[msock]))
@@ -366,10 +375,13 @@ class Node:
             await self._stopped.wait()
             return
         self.draining = True
+        log.info("draining %d connections (at most %.0fs)", len(self.app.hub.clients()),
+                 self.settings.drain_timeout_s)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.drain_timeout_s):
                 await self._drain_clients()
         await self.close()
+        log.info("stopped")
 
     async def _drain_clients(self) -> None:
         if self._ws_server is not None:
@@ -439,6 +451,17 @@ class Node:
                 server.should_exit = True
                 if task is not None:
                     await asyncio.gather(task, return_exceptions=True)
+
+
+@contextlib.contextmanager
+def _listening(host: str, port: int, setting: str) -> Iterator[None]:
+    """A listener that cannot bind is a one-line StartupError naming the setting."""
+    try:
+        yield
+    except OSError as exc:
+        why = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise StartupError(f"cannot listen on {host}:{port} ({setting}): {why}; set "
+                           f"{setting} to a free port (0: any free one)") from None
 
 
 def _safe_url(url: str) -> str:

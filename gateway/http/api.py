@@ -132,6 +132,14 @@ def build_http(deps: HttpDeps) -> FastAPI:
                            allow_headers=["Authorization", "Content-Type", "X-API-Key"],
                            max_age=600)
 
+    @app.get("/", include_in_schema=False)
+    async def root(request: Request) -> JSON:
+        """Where things are, for a person who opens the node's address."""
+        return JSON({"service": "imgate", "node": deps.node,
+                     "websocket": deps.public_ws_url or _ws_url(request, deps.ws_port()),
+                     "demo": "/demo/" if DEMO_DIR.is_dir() else None,
+                     "openapi": "/openapi.json", "health": "/healthz", "info": "/v1/info"})
+
     @app.get("/healthz", response_model=Health, responses=errors(500, 503))
     async def healthz() -> Response:
         """200 while this node can serve (Redis and MongoDB answer, not draining)."""
@@ -290,9 +298,20 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error("unavailable", "a dependency is down; retry later")
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> Response:
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "request"
+        loc = tuple(first.get("loc", ()))
+        if loc[:1] == ("body",):
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json":
+                came = f"as {kind}" if kind else "without a Content-Type"
+                return _error("bad_request", "the body must be JSON, sent with Content-Type: "
+                              f"application/json (this one came {came})")
+            if first.get("type") == "json_invalid":
+                return _error("bad_request", "the body is not valid JSON: "
+                              f"{(first.get('ctx') or {}).get('error', 'cannot be decoded')} "
+                              f"(at character {loc[1] if len(loc) > 1 else 0})")
+        where = ".".join(str(x) for x in loc if x != "body") or "request"
         message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
         return _error("bad_request", f"{where}: {message}")
 

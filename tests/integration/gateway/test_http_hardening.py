@@ -321,3 +321,29 @@ async def test_405_carries_every_method_of_the_path(node, http):
     r = await http(uid()).request("PUT", "/v1/follow/bob")
     assert r.status_code == 405 and r.headers["allow"] == "DELETE, POST"
     assert r.json()["error"]["code"] == "bad_request"
+
+
+async def test_a_body_that_is_not_json_says_what_is_wrong_and_stores_nothing(node, http):
+    """A body sent without the JSON content type, or malformed, is told so in
+    words (not the validator's); the node's root says where things are."""
+    user = http(uid("u"))
+    r = await user.post("/v1/groups", content=b'{"name": "n", "members": []}',
+                        headers={"Content-Type": "text/plain"})
+    assert r.status_code == 400
+    assert r.json()["error"] == {"code": "bad_request", "message": (
+        "the body must be JSON, sent with Content-Type: application/json "
+        "(this one came as text/plain)")}
+    r = await user.post("/v1/groups", content=b'{"name": "n", "members": []}',
+                        headers={"Content-Type": ""})
+    assert "without a Content-Type" in r.json()["error"]["message"]
+    r = await user.post("/v1/groups", content=b'{"name": "n",, }',
+                        headers={"Content-Type": "application/json"})
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert message.startswith("the body is not valid JSON: ") and "at character" in message
+    assert (await user.get("/v1/groups")).json()["groups"] == []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{node.http_port}") as c:
+        root = (await c.get("/")).json()
+    assert root["service"] == "imgate" and root["demo"] == "/demo/"
+    assert root["openapi"] == "/openapi.json" and root["health"] == "/healthz"
+    assert root["websocket"] == f"ws://127.0.0.1:{node.ws_port}/ws"
