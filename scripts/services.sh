@@ -10,6 +10,9 @@
 #   MONGO_PORT       port for the Mongo-compatible server (default 27017)
 #   IM_MONGO_DATA    storage dir for it (default: a fresh mktemp dir in /tmp)
 #   SERVICE_TIMEOUT  seconds to wait for each server to come up (default 60)
+#   IM_STARTED_FILE  if set, a line per server this run started is appended to
+#                    it ("redis PORT", "rabbitmq", "mongo PID DATA"), for
+#   bash scripts/services.sh stop FILE   which stops those (and only those)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,6 +22,7 @@ SERVICE_TIMEOUT="${SERVICE_TIMEOUT:-60}"
 APT_UPDATED=0
 
 log() { printf '%s\n' "$*"; }
+started() { [[ -z "${IM_STARTED_FILE:-}" ]] || printf '%s\n' "$*" >>"$IM_STARTED_FILE"; }
 die() { printf 'services.sh: ERROR: %s\n' "$*" >&2; exit 1; }
 
 # port_open PORT -> 0 if 127.0.0.1:PORT accepts a TCP connection
@@ -71,6 +75,7 @@ ensure_redis() {
         tail -n 20 /var/log/redis/ci.log >&2 2>/dev/null || true
         die "redis did not accept connections on 127.0.0.1:$port within ${SERVICE_TIMEOUT}s (log: /var/log/redis/ci.log)"
     fi
+    started "redis $port"
     log "redis:    ${installed}started, listening on 127.0.0.1:$port"
 }
 
@@ -97,6 +102,7 @@ ensure_rabbitmq() {
     if ! wait_port "$port" rabbit_ready; then
         die "rabbitmq did not accept connections on 127.0.0.1:$port within ${SERVICE_TIMEOUT}s (logs: /var/log/rabbitmq/)"
     fi
+    started "rabbitmq"
     log "rabbitmq: ${installed}started, listening on 127.0.0.1:$port"
 }
 
@@ -131,9 +137,38 @@ ensure_mongo() {
         fi
         sleep 0.5
     done
+    started "mongo $pid $data"
     log "mongo:    started secantusd-py (pid $pid) on 127.0.0.1:$port, data $data, log $data/secantus.log"
 }
 
+# stop FILE: the servers FILE says a run started, newest first; FILE removed.
+stop_started() {
+    local file="$1" what arg1 arg2
+    [[ -f "$file" ]] || return 0
+    tac "$file" | while read -r what arg1 arg2; do
+        case "$what" in
+        redis)
+            redis-cli -p "$arg1" shutdown nosave >/dev/null 2>&1 || true
+            log "redis:    stopped (127.0.0.1:$arg1)" ;;
+        rabbitmq)
+            rabbitmqctl -q stop >/dev/null 2>&1 || true
+            log "rabbitmq: stopped" ;;
+        mongo)
+            if kill "$arg1" 2>/dev/null; then
+                for _ in $(seq 1 100); do kill -0 "$arg1" 2>/dev/null || break; sleep 0.1; done
+            fi
+            rm -f "$arg2/secantus.pid"
+            log "mongo:    stopped secantusd-py (pid $arg1); its data stays in $arg2" ;;
+        esac
+    done
+    rm -f "$file"
+}
+
+if [[ "${1:-}" == stop ]]; then
+    [[ -n "${2:-}" ]] || die "usage: services.sh stop FILE"
+    stop_started "$2"
+    exit 0
+fi
 ensure_redis
 ensure_rabbitmq
 ensure_mongo
