@@ -109,7 +109,10 @@ def config(args: argparse.Namespace) -> int:
 
 
 def _events_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--webhook", required=True, metavar="URL", help="http(s) URL to POST to")
+    p.add_argument("--webhook", metavar="URL", help="http(s) URL to POST to (required to relay)")
+    p.add_argument("--delete-queue", action="store_true",
+                   help="remove the relay's queue and its .dead (the events in them are lost), "
+                   "then exit")
     p.add_argument("--queue", help="the relay's durable queue (default: {IM_NAMESPACE}.webhook)")
     p.add_argument("--bind", action="append", metavar="PATTERN",
                    help="binding pattern on {IM_NAMESPACE}.events, repeatable (default: #)")
@@ -120,7 +123,10 @@ def _events_arguments(p: argparse.ArgumentParser) -> None:
             ("--max-delay", float, 30.0, "seconds between two attempts, at most"),
             ("--timeout", float, 10.0, "seconds an HTTP attempt may take"),
             ("--prefetch", int, 64, "deliveries RabbitMQ hands over ahead"),
-            ("--summary-every", float, 60.0, "seconds between summary lines")):
+            ("--summary-every", float, 60.0, "seconds between summary lines"),
+            ("--max-length", int, 100_000, "events the queue holds; past it the oldest is "
+             "dropped"),
+            ("--max-age", float, 7 * 86_400.0, "an event older than this is dropped")):
         p.add_argument(name, type=kind, default=default, metavar="N" if kind is int else "SECONDS",
                        help=f"{what} (default: {default})")
 

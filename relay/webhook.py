@@ -137,6 +137,16 @@ class RelayConfig:
     timeout_s: float = 10.0
     prefetch: int = 64
     summary_s: float = 60.0
+    # The queue (and its .dead) is bounded: past max_length events the oldest
+    # is dropped, and an event older than max_age_s goes (RabbitMQ's x-max-length
+    # with drop-head, x-message-ttl): a relay stopped for good cannot let
+    # RabbitMQ fill its disk. python -m gateway events --delete-queue removes them.
+    max_length: int = 100_000
+    max_age_s: float = 7 * 86_400
+
+    def queue_arguments(self) -> dict[str, Any]:
+        return {"x-max-length": self.max_length, "x-overflow": "drop-head",
+                "x-message-ttl": int(self.max_age_s * 1000)}
 
 
 class Relay:
@@ -149,6 +159,7 @@ class Relay:
         self.stop = asyncio.Event()
         self.delivered = self.retried = self.dead_lettered = 0
         self.sessions = 0  # links that got as far as consuming
+        self.fatal: ConfigError | None = None  # why it stopped by itself
         self._carry = ("", 0)  # (delivery, attempts made): counted on across a redelivery
 
     def summary(self) -> str:
@@ -223,8 +234,20 @@ class Relay:
         await channel.set_qos(prefetch_count=self.cfg.prefetch)
         exchange = await channel.declare_exchange(self.cfg.exchange,
                                                   aio_pika.ExchangeType.TOPIC, durable=True)
-        queue = await channel.declare_queue(self.cfg.queue, durable=True)
-        await channel.declare_queue(self.cfg.queue + ".dead", durable=True)
+        bounds = self.cfg.queue_arguments()
+        try:
+            queue = await channel.declare_queue(self.cfg.queue, durable=True, arguments=bounds)
+            await channel.declare_queue(self.cfg.queue + ".dead", durable=True,
+                                        arguments=bounds)
+        except aio_pika.exceptions.ChannelPreconditionFailed:
+            # Not a broker failure to retry on the next node: the relay stops.
+            self.stop.set()
+            self.fatal = ConfigError(
+                f"the queue {self.cfg.queue} (or its .dead) exists with other bounds than "
+                f"--max-length {self.cfg.max_length} --max-age {self.cfg.max_age_s:g}: pass "
+                "the ones it has, or remove it (python -m gateway events --delete-queue; "
+                "the events in it are lost)")
+            raise self.fatal from None
         for key in self.cfg.binds:
             await queue.bind(exchange, routing_key=key)
         inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
@@ -347,17 +370,25 @@ def config_from(args: argparse.Namespace, env: Mapping[str, str], *, namespace: 
     queue, binds = args.queue or f"{namespace}.webhook", tuple(args.bind or ["#"])
     if args.max_attempts < 1 or not 1 <= args.prefetch <= 65_535:
         raise ConfigError("--max-attempts must be at least 1, --prefetch in 1..65535")
-    if not min(args.max_delay, args.timeout, args.summary_every) > 0:
-        raise ConfigError("--max-delay, --timeout and --summary-every must be positive")
+    if not min(args.max_delay, args.timeout, args.summary_every, args.max_age) > 0 \
+            or args.max_length < 1:
+        raise ConfigError("--max-delay, --timeout, --summary-every, --max-age and "
+                          "--max-length must be positive")
     if not 0 < len(queue.encode()) <= 250 or not all(binds):
         raise ConfigError("--queue must be 1-250 bytes, and --bind patterns not empty")
     return RelayConfig(str(url), secret, tuple(parse_amqp_urls(amqp_url)),
                        f"{namespace}.events", queue, binds, args.max_attempts,
-                       args.max_delay, args.timeout, args.prefetch, args.summary_every)
+                       args.max_delay, args.timeout, args.prefetch, args.summary_every,
+                       args.max_length, args.max_age)
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str], *, namespace: str,
          amqp_url: str) -> int:
+    if args.delete_queue:
+        return asyncio.run(_delete(args.queue or f"{namespace}.webhook", amqp_url))
+    if not args.webhook:
+        print("gateway: events: --webhook URL is required (or --delete-queue)", file=sys.stderr)
+        return 2
     try:
         cfg = config_from(args, env, namespace=namespace, amqp_url=amqp_url)
     except ValueError as exc:
@@ -373,6 +404,29 @@ def main(args: argparse.Namespace, env: Mapping[str, str], *, namespace: str,
     return uvloop.run(_run(cfg))
 
 
+async def _delete(queue: str, amqp_url: str) -> int:
+    """Remove the relay's queue and its ``.dead``; says how many events went with them."""
+    try:
+        conn = await aio_pika.connect(parse_amqp_urls(amqp_url)[0], timeout=10)
+    except Exception:  # noqa: BLE001 - one line for the operator
+        print(f"gateway: events: cannot reach RabbitMQ at {mask_password(amqp_url)}",
+              file=sys.stderr)
+        return 1
+    async with conn:
+        for name in (queue, queue + ".dead"):
+            channel = await conn.channel()
+            try:
+                # passive: only an existing queue (a declare would create it to delete it)
+                q = await channel.declare_queue(name, passive=True)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                print(f"{name}: no such queue")
+                continue
+            held = q.declaration_result.message_count
+            await q.delete(if_unused=False, if_empty=False)
+            print(f"{name}: deleted, with {held} events in it")
+    return 0
+
+
 async def _run(cfg: RelayConfig) -> int:
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=30)
     async with httpx.AsyncClient(timeout=cfg.timeout_s, limits=limits) as client:
@@ -386,4 +440,7 @@ async def _run(cfg: RelayConfig) -> int:
         finally:
             reporter.cancel()
             log.info("webhook: stopped: %s", relay.summary())
+    if relay.fatal is not None:
+        print(f"gateway: events: {relay.fatal}", file=sys.stderr)
+        return 2
     return 0

@@ -52,7 +52,11 @@ trap stop_started EXIT
 trap 'exit 130' INT TERM
 
 IM_MONGO_DATA="$mongo_data" IM_STARTED_FILE="$started_file" bash scripts/setup.sh --runtime
-echo "up.sh: the local store's data: $mongo_data"
+if grep -qs '^mongo ' "$started_file"; then
+    echo "up.sh: the local store's data: $mongo_data"
+else
+    echo "up.sh: a MongoDB already answers on 127.0.0.1:${MONGO_PORT:-27017}: the node uses it"
+fi
 echo "up.sh: Ctrl-C drains the node and stops the servers this run started"
 .venv/bin/python -m gateway serve &
 node=$!

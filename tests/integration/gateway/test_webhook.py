@@ -392,3 +392,58 @@ async def test_refuses_to_start_without_a_usable_secret_or_url(secret, args, say
     assert out == b""
     if secret is not None:
         assert secret not in err.decode()
+
+
+async def _gateway_events(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "events", *args, cwd=REPO, env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_the_queue_is_bounded_and_delete_queue_removes_it(relay, receiver):
+    """The relay's queue and its .dead hold at most --max-length events for at
+    most --max-age (RabbitMQ drops the oldest); --delete-queue removes both
+    and says how many events went; a queue declared with other bounds makes
+    the relay stop with one line, not retry for ever."""
+    r = await relay((await receiver(lambda n, req: 200)).url, "--max-length", "3",
+                    "--max-age", "60")
+    assert await r.stop() == 0
+    conn = await aio_pika.connect(amqp_url(), timeout=10)
+    try:
+        channel = await conn.channel()
+        # The same arguments are accepted again; a plain declare is refused (406),
+        # so the bounds are on the queue, and RabbitMQ enforces them.
+        bounds = {"x-max-length": 3, "x-overflow": "drop-head", "x-message-ttl": 60_000}
+        queue = await channel.declare_queue(r.queue, durable=True, arguments=bounds)
+        for i in range(5):
+            await channel.default_exchange.publish(aio_pika.Message(b"%d" % i), r.queue)
+        with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed):
+            await (await conn.channel()).declare_queue(r.queue, durable=True)
+        assert (await channel.declare_queue(r.queue, durable=True, arguments=bounds)
+                ).declaration_result.message_count == 3
+        first = await queue.get(no_ack=True)
+        assert first.body == b"2"  # the two oldest were dropped
+    finally:
+        await conn.close()
+    # Started again with other bounds than the queue has: one line, exit 2.
+    code, _, err = await _gateway_events(
+        "--webhook", "http://127.0.0.1:9/hook", "--queue", r.queue, "--max-length", "10",
+        env=relay_env(IM_WEBHOOK_SECRET=WEBHOOK_SECRET))
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith(
+        f"gateway: events: the queue {r.queue} (or its .dead) exists with other bounds")
+    code, out, _ = await _gateway_events("--delete-queue", "--queue", r.queue, env=relay_env())
+    assert code == 0
+    assert out.splitlines() == [f"{r.queue}: deleted, with 2 events in it",
+                                f"{r.queue}.dead: deleted, with 0 events in it"]
+    code, out, _ = await _gateway_events("--delete-queue", "--queue", r.queue, env=relay_env())
+    assert code == 0 and out.splitlines()[0] == f"{r.queue}: no such queue"
