@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +27,12 @@ BOUND_S = 300  # the whole pass; it takes about a minute
 # One worker: with two, schemathesis builds hypothesis strategies in threads, and
 # CPython 3.11's ast.parse (hypothesis describes lambdas with it) can raise a
 # spurious "SystemError: AST constructor recursion depth mismatch" when two
-# threads parse at once (CPython gh-106905); CI met it once under load.
+# threads parse at once (CPython gh-106905); CI met it once under load. With
+# one worker it was still met once, after the pass had reported 1,749 cases
+# passed (schemathesis reports from a thread of its own): a run that fails
+# with exactly that interpreter error is run once more, with the same seed;
+# any other failure, or that error twice, fails the test.
+CPYTHON_AST_BUG = "SystemError: AST constructor recursion depth mismatch"
 
 
 @pytest.mark.edge_only
@@ -38,8 +44,17 @@ async def test_schemathesis_finds_nothing(make_node, tmp_path):
            "--checks", CHECKS, "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
            "--no-shrink", "--workers", "1", "--request-timeout", "10",
            "--suppress-health-check", "all", "--generation-database", "none", "--no-color"]
+    rc, text = await _run(cmd, tmp_path)
+    if rc != 0 and CPYTHON_AST_BUG in text:
+        # The interpreter's bug, not a finding (see above): the same seeded pass again.
+        rc, text = await _run(cmd, tmp_path)
+    assert rc == 0, text[-8000:]
+    assert "no issues found" in text or " passed" in text, text[-2000:]
+
+
+async def _run(cmd: list[str], cwd: Path) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        *cmd, cwd=tmp_path, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        *cmd, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), BOUND_S)
@@ -47,6 +62,5 @@ async def test_schemathesis_finds_nothing(make_node, tmp_path):
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text[-8000:]
-    assert "no issues found" in text or " passed" in text, text[-2000:]
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace")

@@ -422,7 +422,8 @@ async def test_the_queue_is_bounded_and_delete_queue_removes_it(relay, receiver)
         channel = await conn.channel()
         # The same arguments are accepted again; a plain declare is refused (406),
         # so the bounds are on the queue, and RabbitMQ enforces them.
-        bounds = {"x-max-length": 3, "x-overflow": "drop-head", "x-message-ttl": 60_000}
+        bounds: dict[str, Any] = {"x-max-length": 3, "x-overflow": "drop-head",
+                                  "x-message-ttl": 60_000}
         queue = await channel.declare_queue(r.queue, durable=True, arguments=bounds)
         for i in range(5):
             await channel.default_exchange.publish(aio_pika.Message(b"%d" % i), r.queue)
