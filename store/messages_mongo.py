@@ -243,6 +243,13 @@ class MessagesMongo:
             async with mongo_guard():
                 await self.reads.bulk_write(ops, ordered=False)
 
+    async def peer_read_marks(self, user: str, peers: Sequence[str]) -> dict[str, int]:
+        if not peers:
+            return {}
+        async with mongo_guard():
+            return {str(d["_id"]).split("|", 1)[0]: int(d["mid"]) async for d in self.reads.find(
+                {"_id": {"$in": [f"{p}|{user}" for p in peers[:CHUNK]]}})}
+
     async def read_marks(self, user: str, convs: Sequence[str]) -> dict[str, int]:
         out: dict[str, int] = {}
         for i in range(0, len(convs), CHUNK):

@@ -309,9 +309,17 @@ class ChatService:
         # unique) come back too and are left out by the caller.
         total, rows = await self.offline.conversations(
             user, limit + 2, None if after is None else after[0])
-        return total, [((r.mid, r.conv), _row(r)) for r in rows if not r.conv.startswith("g:")]
+        rows = [r for r in rows if not r.conv.startswith("g:")]
+        try:  # how far each peer has read (the demo's receipts after a reload)
+            marks = await self.messages.peer_read_marks(user, [r.conv for r in rows])
+        except Unavailable:  # the list still answers; without the marks
+            marks = None
+        return total, [((r.mid, r.conv), _row(r, marks)) for r in rows]
 
 
-def _row(r: ConversationRow) -> dict[str, Any]:
-    return {"conv": r.conv, "unread": r.unread,
-            "last": orjson.Fragment(r.last) if r.last else None}
+def _row(r: ConversationRow, marks: dict[str, int] | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"conv": r.conv, "unread": r.unread,
+                           "last": orjson.Fragment(r.last) if r.last else None}
+    if marks is not None:
+        row["peer_read"] = marks.get(r.conv, 0)
+    return row

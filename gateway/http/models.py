@@ -169,6 +169,9 @@ class Conversation(BaseModel):
     conv: str
     unread: int
     last: Message | None
+    peer_read: int | None = Field(None, description="1:1 only: the highest mid the peer "
+                                  "has read (0: none yet); absent for groups, and when the "
+                                  "store could not be asked")
 
 
 class ConversationList(BaseModel):

@@ -180,6 +180,17 @@ async function main() {
     await until("A's messages all marked read", () => A.locator('[data-test="message"][data-state="read"]').count(), (n) => n >= 3);
   });
 
+  await step("A reloads the page and logs in again: its messages to B are still marked read", async () => {
+    await A.reload();
+    await A.fill('[data-test="token"]', env.tokenA);
+    await A.click('[data-test="login"]');
+    await waitText(A, '[data-test="status"]', "online", "A back online");
+    await A.click(`[data-test="conv"][data-conv="${b}"]`);
+    await waitAll(A, '[data-test="message"]', [[a, hello], [a, away1], [a, away2]], "A's chat after the reload");
+    await until("A's messages marked read after the reload (peer_read)",
+      () => A.locator('[data-test="message"][data-state="read"]').count(), (n) => n >= 3);
+  });
+
   const groupText = `welcome to the crew`;
   await step("A creates a group with B and writes in it; B sees it unread, then reads it", async () => {
     await A.fill('[data-test="group-name"]', "stream crew");
@@ -188,6 +199,7 @@ async function main() {
     const conv = await until("A's new group open", () => A.locator('[data-test="to"]').inputValue(), (v) => v.startsWith("g:"));
     await A.fill('[data-test="compose"]', groupText);
     await A.click('[data-test="send"]');
+    await waitText(A, '[data-test="to-name"]', "# stream crew", "the group's name by To");
     await waitAll(A, '[data-test="message"][data-mid]', [[a, groupText]], "A's group chat");
     await waitText(B, `[data-test="group"][data-conv="${conv}"] [data-test="conv-unread"]`, "1", "B's group unread");
     await waitText(B, '[data-test="unread-total"]', "1", "B's unread with the group");
@@ -231,6 +243,24 @@ async function main() {
       await A.screenshot({ path: env.screenshot });
     });
   }
+  await step("A logs out: the login form, nothing of A left on the page", async () => {
+    await A.click('[data-test="logout"]');
+    await until("A's login form", () => A.locator("#login").isVisible());
+    if (await A.locator("#app").isVisible()) throw new Error("the app is still shown after log-out");
+    if ((await textOf(A, '[data-test="me"]')) !== "") throw new Error("A's id still shown");
+  });
+
+  await step("a token the node refuses is shown as an error, not retried in silence", async () => {
+    const ctx = await browser.newContext({ viewport: VIEWPORT });
+    const page = await ctx.newPage();
+    page.setDefaultTimeout(STEP_MS);
+    pages.set("C", page);
+    await page.goto(`${env.http1}/demo/?token=not-a-token`, { timeout: STEP_MS });
+    await until("the login form's error", () => textOf(page, '[data-test="login-error"]'),
+      (t) => t.includes("the node refused this token (401"));
+    await close("C");
+  });
+
   if (logs.length) console.log(`page console errors (not failures):\n  ${logs.join("\n  ")}`);
 }
 

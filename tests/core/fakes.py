@@ -345,6 +345,10 @@ class FakeMessages(Faulty):
         for user, conv, mid in marks:
             self.read_marks[(user, conv)] = max(mid, self.read_marks.get((user, conv), mid))
 
+    async def peer_read_marks(self, user: str, peers: Sequence[str]) -> dict[str, int]:
+        self._up("peer_read_marks")
+        return {p: self.read_marks[(p, user)] for p in peers if (p, user) in self.read_marks}
+
     async def ping(self) -> None:
         self._up("ping")
 

@@ -213,6 +213,7 @@ async function openConv(conv) {
   state.active = conv;
   const to = $("#to");
   if (to.value.trim() !== conv) to.value = conv;
+  showToName();
   renderConvs();
   renderMessages();
   renderPresence();
@@ -269,6 +270,10 @@ const refreshConvs = debounced(async () => {
   if (!state.client) return;
   const r = await state.client.http("GET", "/v1/conversations?limit=50");
   state.convs = r.conversations || [];
+  for (const c of state.convs) { // how far each peer has read: receipts survive a reload
+    if (c.peer_read) state.peerRead.set(c.conv, Math.max(state.peerRead.get(c.conv) || 0, c.peer_read));
+  }
+  if (state.active && !isGroup(state.active)) renderMessages();
   $('[data-test="unread-total"]').textContent = String(r.total_unread || 0);
   $('[data-test="unread-total"]').dataset.count = String(r.total_unread || 0);
   renderConvs();
@@ -309,7 +314,14 @@ const refreshGroups = debounced(async () => {
   const r = await state.client.http("GET", "/v1/groups");
   state.groups = new Map((r.groups || []).map((g) => [g.group, g]));
   renderConvs();
+  showToName();
 }, 120);
+
+/** A group's name beside "To" (the field itself holds the id sends go to). */
+function showToName() {
+  const conv = state.active || "";
+  $('[data-test="to-name"]').textContent = isGroup(conv) ? convName(conv) : "";
+}
 
 async function createGroup(e) {
   e.preventDefault();
@@ -486,7 +498,35 @@ function setStatus(s) {
   box.dataset.state = s;
 }
 
+/** Back to the login form, saying why (a refused token, a stopped client) or not
+ * (log-out): the page loads again, so nothing of the last user stays in it. */
+function backToLogin(message = "") {
+  const c = state.client;
+  state.client = null;
+  if (c) c.close();
+  if (message) sessionStorage.setItem("imgate.loginError", message);
+  location.replace(location.pathname + (WS_ASKED && !WS_REFUSED ? `?ws=${encodeURIComponent(WS_ASKED)}` : ""));
+}
+
+/** Does the node take this token? An answer the user can act on, before any WebSocket. */
+async function tokenRefusal(token) {
+  let r;
+  try {
+    r = await fetch(`${HTTP_URL}/v1/conversations?limit=1`, { headers: { Authorization: `Bearer ${token}` } });
+  } catch {
+    return `cannot reach the node at ${HTTP_URL}`;
+  }
+  if (r.status !== 401 && r.status !== 403) return "";
+  let why = "";
+  try { why = ((await r.json()).error || {}).message || ""; } catch { /* not JSON */ }
+  return `the node refused this token (${r.status}${why ? `: ${why}` : ""})`;
+}
+
 async function start(token, wsUrl) {
+  const refused = await tokenRefusal(token);
+  if (refused) return backToLogin(refused);
+  $("#login-error").hidden = true;
+  $("#logout").hidden = false;
   state.me = subOf(token);
   $('[data-test="me"]').textContent = state.me || "(unknown user)";
   $('[data-test="endpoints"]').textContent = `http ${HTTP_URL} · ws ${wsUrl}`;
@@ -496,8 +536,14 @@ async function start(token, wsUrl) {
   const c = new ImClient({ url: wsUrl, httpUrl: HTTP_URL, token });
   state.client = c;
   c.on("state", (s) => {
+    if (state.client !== c) return; // logged out
     setStatus(s);
+    if (s === "offline" && !state.outage) { // once per outage; the SDK keeps retrying
+      state.outage = true;
+      toast(`lost the node at ${wsUrl}: reconnecting...`, "error");
+    }
     if (s === "online") {
+      state.outage = false;
       refreshGroups();
       refreshConvs();
       refreshTimeline();
@@ -540,7 +586,8 @@ async function start(token, wsUrl) {
   try {
     await c.connect();
   } catch (err) {
-    toast(`connect: ${err.message || err}`, "error");
+    // The SDK stops on a refused token (401), a ban or a kick (403, 4003): say so.
+    if (state.client === c) backToLogin(`stopped: ${err.message || err.code || err}`);
   }
 }
 
@@ -548,18 +595,26 @@ function refusedNote() {
   return WS_REFUSED ? `?ws=${WS_REFUSED} ignored: not on this page's host (${location.hostname}). ` : "";
 }
 
+let loginWired = false;
 function showLogin() {
   $("#login").hidden = false;
   $("#ws-hint").textContent = refusedNote() + (WS_ASKED && !WS_REFUSED
     ? "WebSocket from ?ws= in the address."
     : "WebSocket: as this node tells (GET /v1/info); ?ws=ws://host:port/ws in the address "
       + "picks another on this host.");
-  $("#login-form").addEventListener("submit", async (e) => {
-    e.preventDefault();
-    const token = $("#token").value.trim();
-    if (token) start(token, $("#ws-url").value.trim() || await wsDefault());
-  });
+  if (!loginWired) {
+    loginWired = true;
+    $("#login-form").addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const token = $("#token").value.trim();
+      if (token) start(token, $("#ws-url").value.trim() || await wsDefault());
+    });
+  }
   wsDefault().then((ws) => { if (!$("#ws-url").value) $("#ws-url").value = ws; });
+  const why = sessionStorage.getItem("imgate.loginError") || "";
+  sessionStorage.removeItem("imgate.loginError");
+  $("#login-error").textContent = why;
+  $("#login-error").hidden = !why;
   $("#token").focus();
 }
 
@@ -588,6 +643,7 @@ function wire() {
   });
   $("#room-form").addEventListener("submit", roomSend);
   $("#post-form").addEventListener("submit", post);
+  $("#logout").addEventListener("click", () => backToLogin());
   $("#follow-form").addEventListener("submit", follow);
   document.addEventListener("visibilitychange", () => markRead());
   setInterval(renderTyping, 1000);

@@ -319,9 +319,11 @@ export class ImClient extends Emitter {
   async _probe() {
     const claims = jwtClaims(this._token);
     if (claims && typeof claims.exp === "number" && claims.exp * 1000 <= Date.now()) return 401;
-    if (!this._httpUrls || !this._fetch || !claims || typeof claims.sub !== "string") return 0;
+    if (!this._httpUrls || !this._fetch) return 0;
+    // A token that is no JWT at all is asked about too: the API's 401 stops the client.
+    const who = claims && typeof claims.sub === "string" ? claims.sub : "probe";
     try {
-      await this._httpOnce("GET", `/v1/presence?users=${encodeURIComponent(claims.sub)}`, undefined, this._token);
+      await this._httpOnce("GET", `/v1/presence?users=${encodeURIComponent(who)}`, undefined, this._token);
       return 200;
     } catch (err) {
       return err.status || 0;

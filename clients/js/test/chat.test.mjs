@@ -322,5 +322,11 @@ describe("imgate-client against two nodes", () => {
     const bad = await within(forged.connect().catch((x) => x), 5000, "connect with a bad token");
     assert.equal(bad.code, "unauthorized");
     assert.equal(forged.state, "stopped");
+
+    // Not a JWT at all (a pasted fragment): also refused and stopped, not retried in silence.
+    const garbage = new ImClient({ url: A.wsUrl, httpUrl: A.httpUrl, token: "not-a-token" });
+    const nope = await within(garbage.connect().catch((x) => x), 5000, "connect with a garbage token");
+    assert.equal(nope.code, "unauthorized");
+    assert.equal(garbage.state, "stopped");
   });
 });

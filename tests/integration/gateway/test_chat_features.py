@@ -48,6 +48,11 @@ async def test_read_syncs_the_readers_devices_and_tells_the_peer(make_node, conn
     assert (await b1.next_push("receipt"))["mid"] == mids[2]
     assert [f for f in a1.drain_pushes() if f["op"] == "read"] == []  # nothing doubled
     assert await unread_of(http, alice, n1, bob) == 0
+    # The sender's list says how far the peer has read (receipts survive a reload).
+    rows = {c["conv"]: c for c in (await conversations(http, bob, n1))["conversations"]}
+    assert rows[alice]["peer_read"] == mids[2]
+    rows = {c["conv"]: c for c in (await conversations(http, alice, n2))["conversations"]}
+    assert rows[bob]["peer_read"] == 0  # bob has read nothing of alice's
 
 
 async def test_recall_tombstones_both_views_and_fixes_unread(make_node, connect, http,
