@@ -46,6 +46,7 @@ from gateway.inbox.conversations import Conversations
 from gateway.inbox.ops import MessageOps
 from gateway.metrics import NodeMetrics
 from gateway.moderation import Moderation
+from gateway.presence.devices import Devices
 from gateway.presence.subs import PresenceSubs
 from gateway.presence.watch import PresenceQuery, PresenceWatch
 from gateway.rooms.hub import RoomHub, RoomLimits
@@ -56,6 +57,7 @@ from gateway.ws.session import Sessions
 from router import Router, make_broker
 from router.controls import (
     Close,
+    CloseConn,
     Controls,
     GroupAdd,
     GroupDel,
@@ -254,9 +256,14 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
 
     watch = PresenceWatch(name, stores.presence, announce, lambda u: len(hub.users.get(u, ())),
                           s.presence_grace_s)
+    devices = Devices(stores.devices, router, hub, name, s.login_policy,
+                      alive=lambda node: router.is_alive(node, time.time()),
+                      replaced=metrics.closed.labels("replaced").inc)
+    controls.handle(CloseConn, devices.apply_control)
     registry = Registry(name, hub, stores.routes, presence, live, watch, watchers, replay,
                         **batch,
-                        grace_s=s.register_grace_s, closed=metrics.closed.labels("registration"))
+                        grace_s=s.register_grace_s, closed=metrics.closed.labels("registration"),
+                        devices=devices)
     query = PresenceQuery(stores.routes, router.live_routes)
     verifier = TokenVerifier.from_settings(s)
     ops = MessageOps(conversations, chat, groups, router, s.recall_window_s,
@@ -283,7 +290,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
 
     server = ServerDeps(chat, groups, live, router, moderation, notify, query.devices,
                         s.max_body, events, s.push_confirm_ms / 1000,
-                        relations) if s.api_key_list else None
+                        relations, devices) if s.api_key_list else None
     http = build_http(HttpDeps(name, verifier, chat, conversations,
                                group_admin, feed, live, metrics, healthy,
                                limits=HttpLimits.from_settings(s),
@@ -291,7 +298,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                                cors_origins=s.cors_origin_list, api_keys=s.api_key_list,
                                admit=moderation.admit, server=server, ops=ops,
                                ws_port=ws_port, public_ws_url=s.public_ws_url,
-                               relations=relations))
+                               relations=relations, devices=devices))
     if missing := controls.missing():
         raise RuntimeError(f"controls without a handler: {', '.join(missing)}")
     app = App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
 from core.client_ip import Proxies
+from core.devices import POLICIES
 from router.amqp_urls import AmqpUrlError, parse_amqp_urls
 from store.redis_urls import cluster_seeds
 
@@ -102,6 +103,11 @@ class Settings:
         '`rate_limited` answers a connection may save up before close 1008')
     reply_buffer_max: int = setting(1 << 20,
         'bytes of replies queued on a socket before the connection is dropped')
+    login_policy: str = setting("unlimited",
+        'unlimited | one_per_platform (a new connection closes the user\'s older one of the '
+        'same platform, on any node, with 4005) | one_mobile (as one_per_platform, ios and '
+        'android sharing one slot); under every policy a device reconnecting replaces its '
+        'own older connection')
     max_conns_per_user: int = setting(10,
         'WebSocket connections of one user on one node (over: 429)')
     # A user's handshakes on a node (0: no limit): a client closed for flooding
@@ -342,7 +348,8 @@ class Settings:
 
     def _edge_problems(self) -> Iterator[str]:
         """The HTTP edge and token settings."""
-        for name, choices in (("privacy_dm", ("everyone", "contacts")),
+        for name, choices in (("login_policy", POLICIES),
+                              ("privacy_dm", ("everyone", "contacts")),
                               ("privacy_presence", ("everyone", "contacts", "nobody")),
                               ("privacy_group_add", ("everyone", "contacts"))):
             if getattr(self, name) not in choices:

@@ -48,6 +48,8 @@ class Client:
     stuck_since: float = 0.0  # monotonic time of the first skipped write; 0: not stuck
     expires: int = 0  # the second its token expires (gateway.ws.expiry); 0: not tracked
     iat: float = 0.0  # its token's iat (0: none given): what a revocation compares
+    device: str = ""  # the device id it named (or was given), and its platform
+    platform: str = "other"
 
     def write(self, frame: bytes, limit: int) -> bool:
         """One encoded JSON ``frame`` (a reply) to this socket alone, under the same

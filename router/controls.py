@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Close", "Control", "Controls", "GroupAdd", "GroupDel", "RelationChange", "Revoke",
-           "RoomKick", "RoomMute", "RoomUnmute", "Unban", "decode", "encode"]
+__all__ = ["Close", "CloseConn", "Control", "Controls", "GroupAdd", "GroupDel", "RelationChange",
+           "Revoke", "RoomKick", "RoomMute", "RoomUnmute", "Unban", "decode", "encode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,17 @@ class Close:
 
     reason: str
     ban: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConn:
+    """Close one connection, ``conn`` ("node:id"), with ``code`` and ``reason``
+    (another of its slot replaced it: 4005; the server API closed it: 4003).
+    Only the node named in ``conn`` acts; a node of an older version drops it."""
+
+    conn: str
+    code: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +96,9 @@ class RelationChange:
     remembers of them is stale."""
 
 
-Control = (GroupAdd | GroupDel | Close | Revoke | Unban | RoomMute | RoomUnmute | RoomKick
-           | RelationChange)
-KINDS: tuple[type[Control], ...] = (GroupAdd, GroupDel, Close, Revoke, Unban, RoomMute,
+Control = (GroupAdd | GroupDel | Close | CloseConn | Revoke | Unban | RoomMute | RoomUnmute
+           | RoomKick | RelationChange)
+KINDS: tuple[type[Control], ...] = (GroupAdd, GroupDel, Close, CloseConn, Revoke, Unban, RoomMute,
                                     RoomUnmute, RoomKick, RelationChange)
 
 
@@ -98,6 +109,8 @@ def encode(ctl: Control) -> dict[str, Any]:
     if isinstance(ctl, Close):
         return {"op": "close", "reason": ctl.reason, "ban": 1} if ctl.ban else \
             {"op": "close", "reason": ctl.reason}
+    if isinstance(ctl, CloseConn):
+        return {"op": "cclose", "conn": ctl.conn, "code": ctl.code, "reason": ctl.reason}
     if isinstance(ctl, Revoke):
         return {"op": "revoke", "before": ctl.before}
     if isinstance(ctl, Unban):
@@ -122,6 +135,11 @@ def decode(raw: object) -> Control | None:
         return GroupDel(text)
     if op == "close":
         return Close(str(raw.get("reason") or "closed by the server")[:100], bool(raw.get("ban")))
+    if op == "cclose":
+        conn, code = _text(raw, "conn"), _number(raw, "code")
+        if conn is None or code is None or not 4000 <= code <= 4999:
+            return None
+        return CloseConn(conn, int(code), str(raw.get("reason") or "closed by the server")[:100])
     if op == "revoke":
         before = _number(raw, "before")
         return None if before is None else Revoke(before)

@@ -17,6 +17,7 @@ from core.errors import Unavailable
 from store import ports
 from store.counters_redis import CountersRedis
 from store.dedup_redis import DedupRedis
+from store.devices_redis import DevicesRedis
 from store.feed_mongo import ensure_feed_indexes
 from store.feed_redis import FeedCacheRedis
 from store.follows_mongo import FollowsMongo
@@ -66,6 +67,7 @@ class Stores:
     feed_cache: ports.FeedCache
     counters: ports.CounterStore
     sanctions: ports.SanctionStore
+    devices: ports.DeviceStore
     presence: ports.PresenceStore
     watches: ports.WatchStore
     quotas: ports.QuotaStore
@@ -131,6 +133,7 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
         follows=follows, posts=posts, timelines=TimelineMongo(db),
         feed_cache=FeedCacheRedis(redis, keys, follows, posts, limits.user_key_ttl_s),
         counters=CountersRedis(redis, keys), sanctions=SanctionsRedis(redis, keys),
+        devices=DevicesRedis(redis, keys),
         presence=PresenceRedis(redis, keys), watches=WatchesRedis(redis, keys),
         quotas=QuotasRedis(redis, keys),
         relations=RelationsMongo(db, follows),

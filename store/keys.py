@@ -71,6 +71,11 @@ class Keys:
         this unix time are refused."""
         return f"{self.ns}:san:{{{user}}}"
 
+    def devices(self, user: str) -> str:
+        """Hash: connection ("node:id") -> "device|platform|slot|since ms", for
+        every connected device of the user (``device_claim.lua``)."""
+        return f"{self.ns}:dev:{{{user}}}"
+
     def routes(self, user: str) -> str:
         """Hash: connection id -> node id, for every connected device."""
         return f"{self.ns}:rt:{{{user}}}"

@@ -20,6 +20,7 @@ from store.records import (
     ChatMessage,
     ConversationRow,
     Delivery,
+    DeviceEntry,
     Erasure,
     GroupMessage,
     GroupState,
@@ -234,6 +235,24 @@ class WatchStore(Protocol):
     async def renew(self, node: str, watchers: Sequence[str]) -> list[str]:
         """Renew ``node``'s lease for each of ``watchers``: those whose entries
         were gone (to ``restore``)."""
+        ...
+
+
+class DeviceStore(Protocol):
+    """Each user's connected devices across the nodes, and the login policy's
+    slots (``core.devices``)."""
+
+    async def claim(self, user: str, conn: str, device: str, platform: str, slot: str,
+                    since_ms: int) -> list[str]:
+        """``conn`` takes ``slot``; returned: the user's other connections that
+        held it or are of the same device (removed: the caller closes them).
+        Atomic: of two claims of one slot at once, the later one keeps it."""
+        ...
+
+    async def release(self, user: str, conn: str) -> None: ...
+
+    async def devices(self, user: str) -> list[DeviceEntry]:
+        """Every entry, oldest first (a dead node's too: callers filter)."""
         ...
 
 

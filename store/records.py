@@ -139,3 +139,18 @@ class Sanctions:
 
     banned_until: float = 0.0
     revoked_before: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEntry:
+    """A connected device of a user: its connection ("node:id"), device id,
+    platform and since when (unix ms)."""
+
+    conn: str
+    device: str
+    platform: str
+    since_ms: int
+
+    @property
+    def node(self) -> str:
+        return self.conn.rsplit(":", 1)[0]

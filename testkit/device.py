@@ -41,5 +41,7 @@ class Device(Connection):
         """Connect to ``where`` (a port of 127.0.0.1 or a ws:// URL) as the token's user.
         ``connect_kw`` go to websockets' ``connect`` (defaults: no compression, no
         proxy, no keepalive pings of ours, 10 s to open)."""
-        return await super().open(f"{ws_url(where)}?token={token}", None, on_push=on_push,
+        url = ws_url(where)
+        return await super().open(f"{url}{'&' if '?' in url else '?'}token={token}", None,
+                                  on_push=on_push,
                                   on_close=on_close, **connect_kw)

@@ -48,6 +48,7 @@ from gateway.groups.admin import GroupAdmin
 from gateway.http.common import JSON, READ, WRITE, Limit, User, UserList, user_list
 from gateway.http.common import ok as _ok
 from gateway.http.contacts import install_contacts
+from gateway.http.devices import install_devices
 from gateway.http.feed import install_feed
 from gateway.http.groups import install_groups
 from gateway.http.guard import HttpGuard, HttpLimits, error_bytes
@@ -69,6 +70,7 @@ from gateway.http.server import ServerDeps, install_server_api
 from gateway.inbox.conversations import Conversations
 from gateway.inbox.ops import MessageOps
 from gateway.metrics import NodeMetrics
+from gateway.presence.devices import Devices
 from gateway.protocol import MAX_PRESENCE_USERS
 from gateway.rooms.service import LiveRooms
 
@@ -108,6 +110,7 @@ class HttpDeps:
     server: ServerDeps | None = None  # the server API (/v1/server/*)
     ops: MessageOps | None = None  # read receipts, recall, delete for me
     relations: Relations | None = None  # privacy settings and blocks
+    devices: Devices | None = None  # the caller's devices (GET /v1/devices)
     ws_port: Callable[[], int] = lambda: 8080  # this node's WebSocket port, once listening
     public_ws_url: str = ""  # IM_PUBLIC_WS_URL: what /v1/info tells; "" derives it
 
@@ -169,6 +172,8 @@ def build_http(deps: HttpDeps) -> FastAPI:
     install_feed(app, deps.feed)
     if deps.relations is not None:
         install_contacts(app, deps.relations)
+    if deps.devices is not None:
+        install_devices(app, deps.devices)
     if deps.server is not None:
         install_server_api(app, deps.server)
     _demo(app)

@@ -30,8 +30,10 @@ from gateway.events import Events
 from gateway.groups.service import GroupService
 from gateway.http.common import UserList, user_list
 from gateway.http.contacts import install_server_privacy
+from gateway.http.devices import install_server_devices
 from gateway.http.models import Id, Ok, UserId, _Body, errors
 from gateway.moderation import MAX_BAN_S, Moderation
+from gateway.presence.devices import Devices
 from gateway.protocol import encode_body
 from gateway.rooms.service import LiveRooms
 
@@ -62,6 +64,7 @@ class ServerDeps:
     events: Events | None = None
     push_confirm_s: float = 0.5  # IM_PUSH_CONFIRM_MS
     relations: Relations | None = None  # users' privacy settings
+    devices: Devices | None = None  # users' devices, one's disconnect
 
 
 # -- bodies and answers ------------------------------------------------------------
@@ -131,6 +134,8 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
     d = deps
     if d.relations is not None:
         install_server_privacy(app, d.relations, KEY, SERVER)
+    if d.devices is not None:
+        install_server_devices(app, d.devices, KEY, SERVER)
 
     @app.post("/v1/server/send", response_model=Sent, responses=SERVER, dependencies=KEY)
     async def server_send(req: ServerSend) -> dict[str, Any]:

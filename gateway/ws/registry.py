@@ -27,6 +27,7 @@ from core.errors import Unavailable
 from gateway.delivery import Replay
 from gateway.groups.membership import GroupMembership
 from gateway.hub import Client, Hub
+from gateway.presence.devices import Devices
 from gateway.presence.subs import PresenceSubs
 from gateway.presence.watch import PresenceWatch
 from gateway.rooms.service import LiveRooms
@@ -57,7 +58,8 @@ class Registry:
     def __init__(self, node: str, hub: Hub, routes: RouteStore, groups: GroupMembership,
                  live: LiveRooms, presence: PresenceWatch, watchers: PresenceSubs,
                  replay: Replay, *, max_batch: int, max_pending: int, retry_s: float = 0.25,
-                 grace_s: float = 30.0, closed: Count | None = None) -> None:
+                 grace_s: float = 30.0, closed: Count | None = None,
+                 devices: Devices | None = None) -> None:
         self.node = node
         self.hub = hub
         self.routes = routes
@@ -71,6 +73,7 @@ class Registry:
         self.retry_s = retry_s
         self.grace_s = grace_s
         self.closed = closed
+        self.devices = devices  # the login policy and the device list (None: neither)
         self._unfinished: dict[int, _Unfinished] = {}  # conn id -> what is missing
         self._repairer: asyncio.Task[None] | None = None
 
@@ -86,6 +89,8 @@ class Registry:
         routed = await self._write_route(client)
         self.presence.connected(client.user)
         grouped = await self.groups.connected(client)
+        if self.devices is not None:  # after the route: a replaced one's close can find it
+            await self.devices.connected(client)
         if not (routed and grouped):
             self._unfinished[client.id] = _Unfinished(client, time.monotonic(), time.time(),
                                                       not routed, not grouped)
@@ -140,6 +145,8 @@ class Registry:
         self.watchers.disconnected(client)
         if client.user not in self.hub.users:
             self.presence.last_left(client.user)
+        if self.devices is not None:
+            self.devices.disconnected(client)
         with contextlib.suppress(Unavailable):
             await self._ops.submit((False, client.user, client.id))
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from core.client_ip import IpLimits, Proxies, client_ip
+from core.devices import DeviceError, check_device
 from core.errors import Unavailable
 from core.ratelimit import KeyedBuckets
 from gateway import frames, wire
@@ -80,8 +82,8 @@ class Sessions:
         self.ops = ops
         self.events = events
         self.relations = relations  # who may send whom a 1:1 message (None: anyone)
-        self._tokens: weakref.WeakKeyDictionary[ServerConnection, tuple[Token, str]] = \
-            weakref.WeakKeyDictionary()
+        self._tokens: weakref.WeakKeyDictionary[
+            ServerConnection, tuple[Token, str, str | None, str]] = weakref.WeakKeyDictionary()
         self._proxies = Proxies.parse(conns.trusted_proxies)
         self._budgets = sc.UserBudgets(limits)  # each user's, over its connections here
         self._ips = IpLimits(conns.ip_handshake_rate, conns.ip_handshake_burst,
@@ -113,7 +115,12 @@ class Sessions:
                                 f"too many {what} from this address\n")
         # (No new attribute on ``conn``: that would un-share its instance dict,
         # ~1.3 KB per idle connection. The token waits in a weak map instead.)
-        token = bearer_token(request.headers.get("Authorization")) or _query_token(request.path)
+        query = parse_qs(urlsplit(request.path).query)
+        try:  # ?device=ID&platform=P (core.devices): the login policy's slot
+            device, platform = check_device(_first(query, "device"), _first(query, "platform"))
+        except DeviceError as err:
+            return conn.respond(HTTPStatus.BAD_REQUEST, f"{err}\n")
+        token = bearer_token(request.headers.get("Authorization")) or _first(query, "token")
         try:
             checked = self.verifier.check(token)
             await self.moderation.admit(checked)  # one Redis read per handshake
@@ -135,7 +142,7 @@ class Sessions:
                                 f"at most {self.conns.max_conns_per_user} connections "
                                 "per user on a node\n")
         conn.username = user
-        self._tokens[conn] = (checked, ip)  # read once by handle
+        self._tokens[conn] = (checked, ip, device, platform)  # read once by handle
         return None
 
     # -- connection ----------------------------------------------------------
@@ -146,7 +153,9 @@ class Sessions:
         budget = self._budgets.acquire(ws.username, time.monotonic())  # the user's, shared
         core = sc.SessionCore(self.limits, time.monotonic(), budget)  # + bad frames
         client = Client(ws.username, ws)
-        token, ip = self._tokens.pop(ws)
+        token, ip, device, platform = self._tokens.pop(ws)
+        client.device = device or f"d-{secrets.token_hex(6)}"  # none named: one of its own
+        client.platform = platform
         client.iat = token.iat or 0.0
         self._expiries.set(client, token.exp)
         closing: asyncio.Task[None] | None = None
@@ -384,6 +393,6 @@ class Sessions:
             wire.abort(ws)
 
 
-def _query_token(path: str) -> str | None:
-    values = parse_qs(urlsplit(path).query).get("token")
+def _first(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
     return values[0] if values else None

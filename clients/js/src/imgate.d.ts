@@ -40,6 +40,11 @@ export interface ImClientOptions {
   getToken?: () => string | Promise<string>;
   /** Default: globalThis.WebSocket. */
   WebSocket?: WebSocketConstructor;
+  /** This install's stable device id (the login policy's `?device=`; 1-64 of [A-Za-z0-9_.:-]). */
+  device?: string;
+  /** `ios` | `android` | `web` | `desktop` | `other` (default `other`). A close 4005
+   * ("replaced": a newer connection took this slot) stops the client with code "replaced". */
+  platform?: "ios" | "android" | "web" | "desktop" | "other";
   /** Default: globalThis.fetch. */
   fetch?: typeof globalThis.fetch;
   backoff?: BackoffOptions;

@@ -53,6 +53,9 @@ export class ImClient extends Emitter {
     this._token = opts.token || null;
     this._getToken = typeof opts.getToken === "function" ? opts.getToken : null;
     this._WS = opts.WebSocket ?? globalThis.WebSocket;
+    // The login policy's slot (IM_LOGIN_POLICY): a stable id per install, and its platform.
+    this._device = opts.device;
+    this._platform = opts.platform;
     this._fetch = opts.fetch ?? (globalThis.fetch ? globalThis.fetch.bind(globalThis) : null);
     const o = { ...DEFAULTS, ...opts };
     this.backoff = { ...DEFAULTS.backoff, ...(opts.backoff || {}) };
@@ -171,7 +174,7 @@ export class ImClient extends Emitter {
     const gen = ++this._gen;
     let ws;
     try {
-      ws = new this._WS(withToken(this._urls[this._urlIndex], token));
+      ws = new this._WS(withDevice(withToken(this._urls[this._urlIndex], token), this._device, this._platform));
     } catch (err) {
       this.emit("error", new ImError("connect", `cannot open ${this.url}: ${err && err.message}`));
       this._retry(true);
@@ -267,7 +270,11 @@ export class ImClient extends Emitter {
     this._detach(false);
     this.emit("closed", { code, reason });
     if (this._stopped) return;
-    if (code === 4003) {
+    if (code === 4005) {
+      // Another connection of this user took this device's slot (the login policy):
+      // reconnecting would only take it back. The application decides.
+      this._stop(new ImError("replaced", reason || "replaced by a newer connection", { closeCode: 4005 }));
+    } else if (code === 4003) {
       this._stop(new ImError("forbidden", reason || "closed by the server (kicked, banned or revoked)", { closeCode: 4003 }));
     } else if (code === 4001) {
       if (!this._getToken) this._stop(new ImError("unauthorized", "token expired", { closeCode: 4001 }));
@@ -587,5 +594,14 @@ export class ImClient extends Emitter {
 function chunks(list, size) {
   const out = [];
   for (let i = 0; i < list.length; i += size) out.push(list.slice(i, i + size));
+  return out;
+}
+
+/** The handshake's ?device=&platform= (the login policy), when the application named them. */
+function withDevice(url, device, platform) {
+  let out = url;
+  for (const [k, v] of [["device", device], ["platform", platform]]) {
+    if (v) out += `${out.includes("?") ? "&" : "?"}${k}=${encodeURIComponent(v)}`;
+  }
   return out;
 }

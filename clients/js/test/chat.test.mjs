@@ -300,6 +300,19 @@ describe("imgate-client against two nodes", () => {
     assert.equal((await fay.send(uid("peer"), "alive")).op, "ack");
   });
 
+  test("4005: the same device connecting again elsewhere replaces this client, which stops", T, async () => {
+    const u = uid("dev");
+    const first = pool.make(u, A, { device: "laptop-1", platform: "desktop" });
+    await first.connect();
+    const stopped = waitEvent(first, "state", (s) => s === "stopped");
+    const second = pool.make(u, B, { device: "laptop-1", platform: "desktop" });
+    await second.connect();
+    await within(stopped, 5000, "the replaced client stopping");
+    const err = await first.send("someone", "x").catch((x) => x);
+    assert.equal(err.code, "stopped");
+    assert.equal(second.state, "online");
+  });
+
   test("4003: a ban closes the socket and stops the client; a banned or bad token rejects connect", T, async () => {
     const g = uid("gil");
     const gil = pool.make(g, B);

@@ -23,6 +23,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
@@ -83,12 +84,17 @@ class Client(Rooming, Ops, Syncing):
                  rng: random.Random | None = None, http_timeout: float = 10.0,
                  connect_kw: dict[str, Any] | None = None,
                  next_url: Callable[[int], int] | None = None,
-                 room_recover_jumps: bool = True, room_recover_interval: float = 2.0) -> None:
+                 room_recover_jumps: bool = True, room_recover_interval: float = 2.0,
+                 device: str | None = None, platform: str | None = None) -> None:
         if not urls:
             raise ValueError("at least one ws:// URL")
         if token is None and get_token is None:
             raise ValueError("a token or a get_token callback")
-        self.urls, self.http_urls = list(urls), list(http_urls)
+        # device / platform: the login policy's slot (?device=&platform= on every
+        # handshake); a close 4005 ("replaced") stops the client.
+        extra = urlencode({k: v for k, v in (("device", device), ("platform", platform)) if v})
+        self.urls = [f"{u}{'&' if '?' in u else '?'}{extra}" if extra else u for u in urls]
+        self.http_urls = list(http_urls)
         self.get_token, self.on_event = get_token, on_event
         self.sync_on_connect, self.sync_limit = sync_on_connect, sync_limit
         self.request_timeout, self.send_timeout = request_timeout, send_timeout

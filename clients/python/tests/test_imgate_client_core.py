@@ -287,6 +287,7 @@ def test_a_refused_join_drops_its_held_frames():
 def test_close_codes():
     pol = ReconnectPolicy(rng=random.Random(0), move_jitter=0.5)
     assert pol.on_close(4003, 0).action is Action.STOP
+    assert pol.on_close(4005, 0).action is Action.STOP  # replaced: reconnecting takes it back
     assert pol.on_close(4001, 0).action is Action.REFRESH
     d = pol.on_close(1001, 0)
     assert d.action is Action.MOVE and 0 <= d.delay <= 0.5

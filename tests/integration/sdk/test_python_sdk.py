@@ -408,3 +408,22 @@ async def test_4003_stops_the_client(make_node, sdk):
         await ca.send(uid("b"), "no")
     await asyncio.sleep(0.5)
     assert ca.connects == 1  # no reconnect
+
+
+# -- devices -----------------------------------------------------------------------------------
+async def test_a_replaced_client_stops_and_says_so(make_node, sdk):
+    """Under ``one_per_platform``, a second phone of the user on another node
+    replaces the first: the first client gets close 4005 and stops (``Stopped``,
+    no reconnect that would take the slot back); the second stays."""
+    n1, n2 = await make_node(login_policy="one_per_platform"), \
+        await make_node(login_policy="one_per_platform")
+    await settle(n1, n2)
+    user = uid("p")
+    first = sdk(user, n1, device="phone-1", platform="android")
+    await first.connect()
+    second = sdk(user, n2, device="phone-2", platform="android")
+    await second.connect()
+    stopped = await first.q.next(Stopped, timeout=10)  # type: ignore[attr-defined]
+    assert stopped.code == 4005 and "replaced" in stopped.reason
+    assert second.connected and not first.connected
+    assert (await second.send(uid("x"), "still here")).frame["op"] == "ack"

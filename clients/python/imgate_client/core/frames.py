@@ -29,6 +29,7 @@ CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001  # a node draining: move on to another
 CLOSE_TOKEN_EXPIRED = 4001  # refresh the token, then reconnect
 CLOSE_STOPPED = 4003  # the product's backend closed it (disconnect, ban, revoke): stop
+CLOSE_REPLACED = 4005  # a newer connection took this device's slot (login policy): stop
 
 MESSAGE_OPS = frozenset({"msg", "group_msg"})  # stored messages: they have a mid, sync has them
 

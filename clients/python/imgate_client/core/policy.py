@@ -2,6 +2,7 @@
 each way of losing a connection means (docs/protocol.md, close codes).
 
 - close 4003 (disconnect, ban, revoke by the product's backend): ``STOP``.
+- close 4005 (a newer connection took this device's slot, the login policy): ``STOP``.
 - close 4001 (token expired): ``REFRESH``: a new token (``get_token``), then
   the same URL at once.
 - a ``reconnect`` frame, or close 1001 (the node drains): ``MOVE``: the next
@@ -23,7 +24,12 @@ import enum
 import random
 from dataclasses import dataclass
 
-from imgate_client.core.frames import CLOSE_GOING_AWAY, CLOSE_STOPPED, CLOSE_TOKEN_EXPIRED
+from imgate_client.core.frames import (
+    CLOSE_GOING_AWAY,
+    CLOSE_REPLACED,
+    CLOSE_STOPPED,
+    CLOSE_TOKEN_EXPIRED,
+)
 
 __all__ = ["Action", "Backoff", "Decision", "ReconnectPolicy"]
 
@@ -87,6 +93,8 @@ class ReconnectPolicy:
         self._up_since = None
         if code == CLOSE_STOPPED:
             return Decision(Action.STOP, 0.0, "closed by the server (4003)")
+        if code == CLOSE_REPLACED:  # reconnecting would only take the slot back
+            return Decision(Action.STOP, 0.0, "replaced by a newer connection (4005)")
         if code == CLOSE_TOKEN_EXPIRED:
             return Decision(Action.REFRESH, 0.0, "token expired (4001)")
         if told_to_move or code == CLOSE_GOING_AWAY:

@@ -1,0 +1,114 @@
+"""A user's devices across the nodes, and the login policy (``core.devices``).
+
+A connection claims its slot once registered (``DeviceStore.claim``: atomic,
+so of two connections of one slot claiming at once on two nodes the later
+keeps it); each connection the claim replaced is closed with 4005, here at
+once or on its node through the broker (``CloseConn``). ``devices`` lists a
+user's connected devices (those of live nodes), and the server API closes
+one device's connection with 4003.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from core.devices import REPLACED, slot
+from core.errors import Unavailable
+from gateway.hub import Client, Hub
+from router.controls import CloseConn, Control
+from store.ports import DeviceStore
+
+__all__ = ["Devices"]
+
+log = logging.getLogger("gateway.presence.devices")
+CLOSED_BY_SERVER = 4003
+
+
+class Teller(Protocol):
+    async def tell(self, users: list[str], ctl: Control) -> None: ...
+
+
+class Devices:
+    """The login policy on this node, and the device list."""
+
+    def __init__(self, store: DeviceStore, teller: Teller, hub: Hub, node: str, policy: str,
+                 alive: Callable[[str], bool],
+                 replaced: Callable[[], None] = lambda: None) -> None:
+        self.store = store
+        self.teller = teller
+        self.hub = hub
+        self.node = node
+        self.policy = policy
+        self.alive = alive  # whether a node is live (its devices count)
+        self.replaced = replaced  # counts connections closed as replaced
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def conn(self, client: Client) -> str:
+        return f"{self.node}:{client.id}"
+
+    async def connected(self, client: Client) -> None:
+        """Take the device's slot; close what it replaced (4005). Redis down:
+        the connection stays, unlisted and unpoliced (logged)."""
+        try:
+            replaced = await self.store.claim(
+                client.user, self.conn(client), client.device, client.platform,
+                slot(self.policy, client.platform, client.device), int(time.time() * 1000))
+        except Unavailable as exc:
+            log.warning("device of %s not claimed: %s", client.user, exc)
+            return
+        for conn in replaced:
+            await self.close(client.user, conn, REPLACED, "replaced by a newer connection")
+
+    def disconnected(self, client: Client) -> None:
+        async def release() -> None:
+            try:
+                await self.store.release(client.user, self.conn(client))
+            except Unavailable as exc:  # the entry goes with the key's TTL
+                log.warning("device of %s not released: %s", client.user, exc)
+
+        task = asyncio.create_task(release())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self, user: str, conn: str, code: int, reason: str) -> None:
+        """Close connection ``conn`` of ``user``: here, or on its node."""
+        if conn.rsplit(":", 1)[0] == self.node:
+            self._close_here(user, conn, code, reason)
+        else:
+            await self.teller.tell([user], CloseConn(conn, code, reason))
+
+    async def devices(self, user: str) -> list[dict[str, Any]]:
+        """The user's connected devices, on live nodes, oldest first."""
+        return [{"device": d.device, "platform": d.platform, "since": d.since_ms}
+                for d in await self.store.devices(user) if self.alive(d.node)]
+
+    async def disconnect_device(self, user: str, device: str) -> int:
+        """Close ``device``'s connections (4003); how many there were."""
+        found = [d for d in await self.store.devices(user) if d.device == device]
+        for d in found:
+            await self.store.release(user, d.conn)
+            await self.close(user, d.conn, CLOSED_BY_SERVER, "disconnected by the server")
+        return len(found)
+
+    def apply_control(self, users: list[str], ctl: CloseConn) -> Awaitable[Any] | None:
+        for user in users:
+            self._close_here(user, ctl.conn, ctl.code, ctl.reason)
+        return None
+
+    def _close_here(self, user: str, conn: str, code: int, reason: str) -> None:
+        node, _, cid = conn.rpartition(":")
+        client = self.hub.users.get(user, {}).get(int(cid)) if cid.isdigit() else None
+        if node != self.node or client is None:
+            return
+        if code == REPLACED:
+            self.replaced()
+        task = asyncio.ensure_future(client.ws.close(code, reason))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def close_all(self) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
