@@ -38,6 +38,7 @@ from gateway.groups.diffusion import GroupDiffusion
 from gateway.groups.hub import GroupHub
 from gateway.groups.membership import GroupMembership
 from gateway.groups.service import GroupLimits, GroupService
+from gateway.hooks.client import Hooks, HookSettings
 from gateway.http.api import HttpDeps, build_http
 from gateway.http.guard import HttpLimits
 from gateway.http.server import ServerDeps
@@ -105,6 +106,7 @@ class App:
     stuck_close_s: float = 30.0  # a socket skipped for backlog this long is closed
     inflight: InFlight = field(default_factory=InFlight)  # this node's sends (core.inflight)
     marks: dict[str, int] = field(default_factory=dict)  # the other nodes' oldest in flight
+    hooks: Hooks | None = None  # the product's hooks (their HTTP client)
 
     async def start(self) -> None:
         """Connect to the broker (raises if it cannot), start background work."""
@@ -152,6 +154,7 @@ class App:
                 ("replay", self.replay.close), ("presence watches", self.watchers.close),
                 ("presence", self.presence.close),
                 ("events", self.events.close),
+                *((("hooks", self.hooks.close),) if self.hooks is not None else ()),
                 ("broker", self.router.close)]
 
 
@@ -275,9 +278,13 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         return ops.recheck_watches(users) if watchers.watching(users) else None
 
     controls.handle(RelationChange, relations_applied)
+    hooks = Hooks(HookSettings(
+        s.hook_url, s.hook_secret.encode(), s.hook_kinds, s.hook_timeout_ms / 1000,
+        s.hook_failure == "open", s.hook_max_inflight, s.max_body), metrics) \
+        if s.hook_url else None
     sessions = Sessions(SessionLimits.from_settings(s), ConnectionLimits.from_settings(s),
                         registry, chat, groups, conversations, live, router, metrics,
-                        draining, verifier, moderation, ops, events, relations)
+                        draining, verifier, moderation, ops, events, relations, hooks)
 
     async def notify(users: list[str], frame: bytes) -> int:
         reached = 0
@@ -290,7 +297,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
 
     server = ServerDeps(chat, groups, live, router, moderation, notify, query.devices,
                         s.max_body, events, s.push_confirm_ms / 1000,
-                        relations, devices) if s.api_key_list else None
+                        relations=relations, hooks=hooks,
+                        devices=devices) if s.api_key_list else None
     http = build_http(HttpDeps(name, verifier, chat, conversations,
                                group_admin, feed, live, metrics, healthy,
                                limits=HttpLimits.from_settings(s),
@@ -303,7 +311,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         raise RuntimeError(f"controls without a handler: {', '.join(missing)}")
     app = App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
               conversations, live, feed, registry, replay, sessions, http, events, watch,
-              watchers, stuck_close_s=s.stuck_close_s, inflight=inflight, marks=marks)
+              watchers, stuck_close_s=s.stuck_close_s, inflight=inflight, marks=marks,
+              hooks=hooks)
     router.when_resumed(lambda _lost_at: bindings.resumed(app.keys_in_use))  # checked again
     return app
 

@@ -254,6 +254,21 @@ class Settings:
     events_pending_max: int = setting(10_000, 'events waiting for the broker before new ones drop')
     events_pending_per_user: int = setting(500,
         'of those, entries caused by one user (the outbox serves users in turn)')
+    hook_url: str = setting("",
+        'the product\'s hook endpoint: before a hooked call is done it is POSTed there '
+        '(JSON, signed with IM_HOOK_SECRET as the webhook relay signs) and the answer '
+        'allows it, rewrites its body or rejects it (docs/protocol.md, "Hooks"); unset: no hooks')
+    hook_secret: str = setting("", 'HMAC-SHA256 key of the hook requests, at least 16 bytes')
+    hooks: str = setting("send",
+        'comma-separated calls IM_HOOK_URL decides: send (1:1 and group, WebSocket and '
+        'server API), room_send, join')
+    hook_timeout_ms: int = setting(500, 'a hook call answers within this or has failed')
+    hook_failure: str = setting("closed",
+        'closed: a hook that failed or timed out makes the call unavailable (nothing '
+        'stored); open: the call is allowed')
+    hook_max_inflight: int = setting(64,
+        'hook calls in flight at once on a node (pooled connections); more wait, '
+        'within their timeout')
     recall_window_s: float = setting(120.0,
         'a sender may recall a 1:1 message this long after sending it')
     presence_subs_max: int = setting(1000,
@@ -273,6 +288,10 @@ class Settings:
     def event_types(self) -> tuple[str, ...]:
         return tuple(t.strip() for t in self.events.split(",")
                      if t.strip() and t.strip() != "none")
+
+    @property
+    def hook_kinds(self) -> frozenset[str]:
+        return frozenset(k.strip() for k in self.hooks.split(",") if k.strip())
 
     @property
     def api_key_list(self) -> tuple[str, ...]:
@@ -334,7 +353,7 @@ class Settings:
                      "presence_subs_max", "room_history_ttl_s", "room_reorder_ms",
                      "room_write_chunk", "room_write_at_once", "listen_backlog",
                      "max_groups_owned", "max_groups_joined", "group_creates_per_min",
-                     "max_new_convs_per_day"):
+                     "max_new_convs_per_day", "hook_timeout_ms", "hook_max_inflight"):
             if getattr(self, name) <= 0:
                 yield f"IM_{name.upper()} must be positive"
         for name in ("room_rate_cap", "room_send_rate", "room_unbind_delay_s", "room_history",
@@ -348,7 +367,15 @@ class Settings:
 
     def _edge_problems(self) -> Iterator[str]:
         """The HTTP edge and token settings."""
-        for name, choices in (("login_policy", POLICIES),
+        if self.hook_url:
+            if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", self.hook_url):
+                yield "IM_HOOK_URL must be an http:// or https:// URL"
+            if len(self.hook_secret.encode()) < 16:
+                yield "IM_HOOK_URL needs IM_HOOK_SECRET, at least 16 bytes"
+        if unknown := [k for k in self.hook_kinds if k not in ("send", "room_send", "join")]:
+            yield f"IM_HOOKS: {', '.join(unknown)}: each must be send, room_send or join"
+        for name, choices in (("hook_failure", ("closed", "open")),
+                              ("login_policy", POLICIES),
                               ("privacy_dm", ("everyone", "contacts")),
                               ("privacy_presence", ("everyone", "contacts", "nobody")),
                               ("privacy_group_add", ("everyone", "contacts"))):

@@ -80,6 +80,13 @@ class NodeMetrics:
             "its 1:1 page was read: redis (the offline store vouched for the range) or mongo "
             "(the boxes: after a Redis loss, or a cursor older than the offline store)",
             ["source"], buckets=(1, 5, 15, 60, 300, 1800, 3600, 86_400, 604_800), registry=r)
+        self.hook_calls = Counter(
+            "im_hook_calls_total", "Hook calls (IM_HOOK_URL) by hook and outcome: allow, "
+            "rewrite, reject, timeout, error", ["hook", "outcome"], registry=r)
+        self.hook_seconds = Histogram(
+            "im_hook_seconds", "Time a hook call took, a place among IM_HOOK_MAX_INFLIGHT "
+            "included", ["hook"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                           0.5, 1, 2.5), registry=r)
         self.group_sync_pages = Counter(
             "im_group_sync_pages_total", "Groups a sync read read-diffused messages of, by "
             "where: redis (the frames a group keeps of its newest messages) or mongo (a "

@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
-import hmac
 import logging
 import random
 import signal
@@ -54,6 +53,7 @@ from aio_pika.abc import (
     AbstractQueue,
 )
 
+from core.signing import sign, verify
 from router.amqp_link import AmqpNodes, Stopped
 from router.amqp_urls import mask_password, parse_amqp_urls
 
@@ -64,24 +64,6 @@ log = logging.getLogger("relay.webhook")
 MIN_SECRET = 16  # bytes
 FIRST_DELAY_S = 0.5
 RETRIED = frozenset({408, 429})  # and 5xx, and no answer at all (status 0)
-
-
-def sign(secret: bytes, timestamp: int, body: bytes) -> str:
-    """``X-Imgate-Signature`` of ``body`` sent at ``timestamp`` (unix seconds)."""
-    return "sha256=" + hmac.new(secret, f"{timestamp}.".encode() + body,
-                                hashlib.sha256).hexdigest()
-
-
-def verify(secret: bytes, timestamp: str, body: bytes, signature: str, *,
-           tolerance_s: float = 300, now: float | None = None) -> bool:
-    """A receiver's check: the signature matches and the timestamp is recent."""
-    try:
-        ts = int(timestamp)
-    except ValueError:
-        return False
-    if abs((time.time() if now is None else now) - ts) > tolerance_s:
-        return False
-    return hmac.compare_digest(sign(secret, ts, body), signature)
 
 
 def delivery_id(message_id: str | None, body: bytes) -> str:

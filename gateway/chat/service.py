@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -66,6 +67,11 @@ class SendResult:
     repeat: bool = False  # a resend's push again: no events, nothing counted
 
 
+# A send's body as the product's hook has it (gateway.hooks): the same, another,
+# or ProtocolError (rejected) / Unavailable (the hook failed).
+Vet = Callable[[bytes], Awaitable[bytes]]
+
+
 @dataclass(frozen=True, slots=True)
 class _Outgoing:
     msg: ChatMessage
@@ -116,8 +122,11 @@ class ChatService:
             self._flush_reads, name="reads", max_batch=mb, max_pending=mp)
 
     # -- send ----------------------------------------------------------------
-    async def send(self, sender: str, to: str, cmid: str, body: Any) -> SendResult:
-        """Store a message durably; raises ``Unavailable`` if that cannot be done."""
+    async def send(self, sender: str, to: str, cmid: str, body: Any, *,
+                   vet: Vet | None = None) -> SendResult:
+        """Store a message durably; raises ``Unavailable`` if that cannot be done.
+        ``vet`` (the product's hook) decides on the body before it is stored,
+        and is not asked again for a resend already acked."""
         if to == sender:
             raise ProtocolError("bad_request", "to must be another user")
         if to.startswith("g:"):
@@ -134,6 +143,8 @@ class ChatService:
             # this send's fresh mid, as the old one may be below sync cursors handed
             # out meanwhile; MongoDB's unique (from, cmid) gives back the old one if
             # that attempt stored the message.
+        if vet is not None:
+            body = await vet(body)
         inflight = [mid]
         if prior is not None:  # the first attempt's mid may already be stored, not delivered
             inflight.append(prior.mid)

@@ -34,7 +34,7 @@ from core.inflight import InFlight
 from core.paging import seek_page
 from core.ttl_cache import TtlCache
 from gateway.chat.claims import Claims
-from gateway.chat.service import REDELIVER_PAGE, REPUSH_WINDOW_S, IdSource
+from gateway.chat.service import REDELIVER_PAGE, REPUSH_WINDOW_S, IdSource, Vet
 from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.frames import encode_group, group_frame
@@ -142,7 +142,7 @@ class GroupService:
 
     # -- send ----------------------------------------------------------------------
     async def send(self, sender: str, group: str, cmid: str, body: Any, *,
-                   as_server: bool = False) -> GroupSendResult:
+                   as_server: bool = False, vet: Vet | None = None) -> GroupSendResult:
         """``as_server``: the product's backend sends as ``sender``, who need not
         be a member (the group must exist). A dissolved group is ``not_found``:
         here when it is seen, else when its seq is allocated (``_flush``)."""
@@ -160,6 +160,8 @@ class GroupService:
             if prior.acked:
                 raise ProtocolError("bad_request", "cmid was used for a 1:1 message")
             # In flight or failed earlier: a fresh mid, as for 1:1 (ChatService.send).
+        if vet is not None:  # the product's hook (not asked again for an acked resend)
+            body = await vet(body)
         self.inflight.add(mid)  # sync cursors stay below it until it is acked
         try:
             done = await self._writes.submit(_Pending(group, sender, cmid, body, mid))

@@ -23,11 +23,12 @@ from fastapi.security import APIKeyHeader
 from pydantic import Field, StrictInt
 
 from gateway import frames
-from gateway.chat.service import ChatService
+from gateway.chat.service import ChatService, Vet
 from gateway.contacts.service import Relations
 from gateway.delivery import Pusher, handed_over, push_group_sent, push_sent
 from gateway.events import Events
 from gateway.groups.service import GroupService
+from gateway.hooks.client import Hooks
 from gateway.http.common import UserList, user_list
 from gateway.http.contacts import install_server_privacy
 from gateway.http.devices import install_server_devices
@@ -64,6 +65,7 @@ class ServerDeps:
     events: Events | None = None
     push_confirm_s: float = 0.5  # IM_PUSH_CONFIRM_MS
     relations: Relations | None = None  # users' privacy settings
+    hooks: Hooks | None = None  # the product's hooks: server sends are hooked too
     devices: Devices | None = None  # users' devices, one's disconnect
 
 
@@ -142,9 +144,11 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
         """A 1:1 message from ``from`` (a system account or any user): durable and
         idempotent by (``from``, ``cmid``) exactly like the WebSocket ``send``."""
         body = encode_body(req.body, d.max_body)
-        result = await d.chat.send(req.from_, req.to, req.cmid, body)
+        vetted = [body]
+        result = await d.chat.send(req.from_, req.to, req.cmid, body,
+                                   vet=_vet(d, req.from_, {"to": req.to}, req.cmid, vetted))
         confirms: list[asyncio.Future[None]] = []
-        push_sent(d.pusher, d.events, req.from_, req.to, result, body, confirms=confirms)
+        push_sent(d.pusher, d.events, req.from_, req.to, result, vetted[0], confirms=confirms)
         await handed_over(confirms, d.push_confirm_s)
         return {"mid": result.mid, "ts": result.ts}
 
@@ -153,9 +157,12 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
     async def server_group_send(req: ServerGroupSend) -> dict[str, Any]:
         """A group message from ``from``, who need not be a member."""
         body = encode_body(req.body, d.max_body)
-        result = await d.groups.send(req.from_, req.group, req.cmid, body, as_server=True)
+        vetted = [body]
+        result = await d.groups.send(
+            req.from_, req.group, req.cmid, body, as_server=True,
+            vet=_vet(d, req.from_, {"group": req.group}, req.cmid, vetted))
         confirms: list[asyncio.Future[None]] = []
-        push_group_sent(d.pusher, d.events, req.from_, req.group, result, body,
+        push_group_sent(d.pusher, d.events, req.from_, req.group, result, vetted[0],
                         confirms=confirms)
         await handed_over(confirms, d.push_confirm_s)
         return {"mid": result.mid, "seq": result.seq, "ts": result.ts}
@@ -236,3 +243,17 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
             out[u] = {"online": devices > 0, "devices": devices,
                       "last_seen": now_ms if devices else (seen * 1000 if seen else None)}
         return {"users": out}
+
+
+def _vet(d: ServerDeps, sender: str, target: dict[str, str], cmid: str, body: list[bytes]
+         ) -> Vet | None:
+    """The hook's say on a server send's body (kept in ``body[0]``)."""
+    hooks = d.hooks
+    if hooks is None or not hooks.on("send"):
+        return None
+
+    async def vet(given: bytes) -> bytes:
+        body[0] = await hooks.send(sender, target, cmid, given)
+        return body[0]
+
+    return vet

@@ -34,12 +34,13 @@ from core.ratelimit import KeyedBuckets
 from gateway import frames, wire
 from gateway import protocol as p
 from gateway.auth import Token, TokenVerifier, bearer_token
-from gateway.chat.service import ChatService, SendResult
+from gateway.chat.service import ChatService, SendResult, Vet
 from gateway.contacts.service import Relations
 from gateway.delivery import Pusher, handed_over, push_group_sent, push_sent
 from gateway.errors import ProtocolError
 from gateway.events import Events
 from gateway.groups.service import GroupService
+from gateway.hooks.client import Hooks
 from gateway.hub import Client
 from gateway.inbox.conversations import Conversations
 from gateway.inbox.ops import MessageOps
@@ -67,7 +68,8 @@ class Sessions:
                  groups: GroupService, conversations: Conversations, live: LiveRooms,
                  pusher: Pusher, metrics: NodeMetrics, draining: Callable[[], bool],
                  verifier: TokenVerifier, moderation: Moderation, ops: MessageOps,
-                 events: Events | None = None, relations: Relations | None = None) -> None:
+                 events: Events | None = None, relations: Relations | None = None,
+                 hooks: Hooks | None = None) -> None:
         self.conns = conns
         self.registry = registry
         self.chat = chat
@@ -82,6 +84,7 @@ class Sessions:
         self.ops = ops
         self.events = events
         self.relations = relations  # who may send whom a 1:1 message (None: anyone)
+        self.hooks = hooks  # the product's hooks (IM_HOOK_URL; None: none)
         self._tokens: weakref.WeakKeyDictionary[
             ServerConnection, tuple[Token, str, str | None, str]] = weakref.WeakKeyDictionary()
         self._proxies = Proxies.parse(conns.trusted_proxies)
@@ -228,35 +231,55 @@ class Sessions:
     # -- ops -----------------------------------------------------------------
     async def op_send(self, client: Client, f: p.Send) -> None:
         started = time.perf_counter()
-        result = await self._guarded(client, f.id, lambda: self._send(client.user, f))
+        body = [f.body]  # the hook's rewrite, if any, replaces it
+        result = await self._guarded(client, f.id, lambda: self._send(client.user, f, body))
         if result is None:
             return
         confirms: list[asyncio.Future[None]] = []
-        push_sent(self.pusher, self.events, client.user, f.to, result, f.body,
+        push_sent(self.pusher, self.events, client.user, f.to, result, body[0],
                   skip_conn=client.id, confirms=confirms)
         await handed_over(confirms, self.limits.push_confirm_s)
         self._send_bytes(client, frames.ack(f.id, f.cmid, result.mid, result.ts))
         self.metrics.send_latency.observe(time.perf_counter() - started)
 
-    async def _send(self, sender: str, f: p.Send) -> SendResult:
+    async def _send(self, sender: str, f: p.Send, body: list[bytes]) -> SendResult:
         """A 1:1 send its receiver's privacy settings and blocks allow (else
-        ``forbidden``, nothing stored); the receiver becomes a contact."""
+        ``forbidden``, nothing stored), then the hook's (if ``send`` is hooked:
+        not for a resend already acked); the receiver becomes a contact."""
+        vet = self._vet(sender, {"to": f.to}, f.cmid, body)
         if self.relations is None:
-            return await self.chat.send(sender, f.to, f.cmid, f.body)
+            return await self.chat.send(sender, f.to, f.cmid, f.body, vet=vet)
         if f.to != sender and not f.to.startswith("g:"):  # else chat.send says why not
             await self.relations.check_send(sender, f.to)
-        result = await self.chat.send(sender, f.to, f.cmid, f.body)
+        result = await self.chat.send(sender, f.to, f.cmid, f.body, vet=vet)
         with contextlib.suppress(Unavailable):  # written again at the next send
             await self.relations.sent(sender, f.to)
         return result
 
+    def _vet(self, sender: str, target: dict[str, str], cmid: str, body: list[bytes]
+             ) -> Vet | None:
+        """The hook's say on a send's body (kept in ``body[0]``), or None when
+        ``send`` is not hooked."""
+        hooks = self.hooks
+        if hooks is None or not hooks.on("send"):
+            return None
+
+        async def vet(given: bytes) -> bytes:
+            body[0] = await hooks.send(sender, target, cmid, given)
+            return body[0]
+
+        return vet
+
     async def op_group_send(self, client: Client, f: p.GroupSend) -> None:
+        body = [f.body]
+        vet = self._vet(client.user, {"group": f.group}, f.cmid, body)
         result = await self._guarded(
-            client, f.id, lambda: self.groups.send(client.user, f.group, f.cmid, f.body))
+            client, f.id, lambda: self.groups.send(client.user, f.group, f.cmid, f.body,
+                                                   vet=vet))
         if result is None:
             return
         confirms: list[asyncio.Future[None]] = []
-        push_group_sent(self.pusher, self.events, client.user, f.group, result, f.body,
+        push_group_sent(self.pusher, self.events, client.user, f.group, result, body[0],
                         skip_conn=client.id, confirms=confirms)
         await handed_over(confirms, self.limits.push_confirm_s)
         self._send_bytes(client, frames.ack(f.id, f.cmid, result.mid, result.ts, result.seq))
@@ -294,8 +317,12 @@ class Sessions:
         await self._guarded(client, f.id, lambda: self.chat.recv_ack(client.user, f.mids))
 
     async def op_join(self, client: Client, f: p.Join) -> None:
-        got = await self._guarded(client, f.id,
-                                  lambda: self.live.join(client, f.room, f.history, f.since))
+        async def join() -> Any:
+            if self.hooks is not None:
+                await self.hooks.join(client.user, f.room)
+            return await self.live.join(client, f.room, f.history, f.since)
+
+        got = await self._guarded(client, f.id, join)
         if got is not None:
             self._send_bytes(client, frames.joined(f.id, f.room, got))
 
@@ -334,7 +361,23 @@ class Sessions:
         self._send_bytes(client, frames.ok(f.id))
 
     def op_room_send(self, client: Client, f: p.RoomSend) -> None:
-        """No task per message: the reply is written when the broker confirms."""
+        """No task per message: the reply is written when the broker confirms
+        (a hooked ``room_send`` waits for its hook in a task of its own)."""
+        if self.hooks is not None and self.hooks.on("room_send"):
+            task = asyncio.ensure_future(self._hooked_room_send(client, f))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            return
+        self._room_send(client, f)
+
+    async def _hooked_room_send(self, client: Client, f: p.RoomSend) -> None:
+        hooks = self.hooks
+        assert hooks is not None
+        body = await self._guarded(client, f.id,
+                                   lambda: hooks.room_send(client.user, f.room, f.body))
+        if body is not None:
+            self._room_send(client, p.RoomSend(f.id, f.room, body, f.prio))
+
+    def _room_send(self, client: Client, f: p.RoomSend) -> None:
         try:
             confirmed = self.live.send(client, f.room, f.body, f.prio)
         except ProtocolError as err:

@@ -1,0 +1,1 @@
+"""Hooks: the product's backend decides before anything is stored (``client``)."""
