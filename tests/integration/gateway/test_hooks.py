@@ -9,6 +9,9 @@ waiting for it: another user's sends are acked meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,6 +23,7 @@ from tests.conftest import uid
 
 SECRET = b"hook-secret-0123456789"
 KEY = "k-" + "0123456789abcdef" * 2
+EXAMPLE = Path(__file__).resolve().parents[3] / "docs/examples/profanity_hook.py"
 
 
 def rules(payload: dict[str, Any]) -> Any:
@@ -151,3 +155,30 @@ async def test_a_two_second_hook_holds_only_the_calls_waiting_for_it(make_node, 
     assert all(x["op"] == "ack" for x in acks)
     assert not waiting.done()  # the hook has not answered yet
     assert (await waiting)["op"] == "ok"
+
+
+async def test_the_documented_example_hook_runs_in_one_command(make_node, connect):
+    """docs/examples/profanity_hook.py, started as the docs say, filters and rejects."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    secret = "change-me-0123456789"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(EXAMPLE), "--port", str(port),
+        env={"IM_HOOK_SECRET": secret, "PATH": "/usr/bin:/bin"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 10)
+        assert line.decode().startswith(f"profanity hook on http://127.0.0.1:{port}/hook")
+        node = await make_node(hook_url=f"http://127.0.0.1:{port}/hook", hook_secret=secret)
+        a, b = uid("a"), uid("b")
+        ca, cb = await connect(node, a), await connect(node, b)
+        assert (await ca.request("send", to=b, cmid="e1", body="what the heck"))["op"] == "ack"
+        assert (await cb.next_push("msg"))["body"] == "what the ****"
+        refused = await ca.request("send", to=b, cmid="e2", body="see http://spam.example/x")
+        assert refused["code"] == "forbidden"
+        assert refused["message"] == "links to that site are not allowed"
+    finally:
+        proc.kill()
+        await proc.wait()
