@@ -88,3 +88,33 @@ class HookServer:
             task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.gather(*self._conns, return_exceptions=True)
+
+
+def main() -> None:
+    """``python -m testkit.hook_server --port P --secret S [--delay-room SECONDS]``:
+    allows everything at once (a room message after ``--delay-room``), until
+    killed; prints its URL first."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m testkit.hook_server")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--secret", required=True)
+    p.add_argument("--delay-room", type=float, default=0.0)
+    a = p.parse_args()
+
+    def decide(payload: dict[str, Any]) -> Any:
+        if a.delay_room and payload.get("hook") == "room_send":
+            return asyncio.sleep(a.delay_room, {"action": "allow"})
+        return {"action": "allow"}
+
+    async def serve() -> None:
+        server = HookServer(a.secret.encode(), decide)
+        server._server = await asyncio.start_server(server._serve, "127.0.0.1", a.port)
+        print(server.url, flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
