@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ from gateway.errors import ProtocolError
 from gateway.metrics import NodeMetrics
 from gateway.protocol import encode_body
 
-__all__ = ["HOOK_KINDS", "HookSettings", "Hooks"]
+__all__ = ["HOOK_KINDS", "HookSettings", "Hooks", "send_vet"]
 
 HOOK_KINDS = ("send", "room_send", "join")
 MESSAGE_MAX = 200  # characters of a rejection's message the client is shown
@@ -148,3 +149,19 @@ class Hooks:
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+def send_vet(hooks: Hooks | None, sender: str, target: dict[str, str], cmid: str,
+             body: list[bytes]) -> Callable[[bytes], Awaitable[bytes]] | None:
+    """What a send's store path asks before it stores (``ChatService.send``'s
+    and ``GroupService.send``'s ``vet``): the hook's body, kept in ``body[0]``
+    for the events that follow; None when ``send`` is not hooked."""
+    if hooks is None or not hooks.on("send"):
+        return None
+    on = hooks
+
+    async def vet(given: bytes) -> bytes:
+        body[0] = await on.send(sender, target, cmid, given)
+        return body[0]
+
+    return vet

@@ -23,12 +23,12 @@ from fastapi.security import APIKeyHeader
 from pydantic import Field, StrictInt
 
 from gateway import frames
-from gateway.chat.service import ChatService, Vet
+from gateway.chat.service import ChatService
 from gateway.contacts.service import Relations
 from gateway.delivery import Pusher, handed_over, push_group_sent, push_sent
 from gateway.events import Events
 from gateway.groups.service import GroupService
-from gateway.hooks.client import Hooks
+from gateway.hooks.client import Hooks, send_vet
 from gateway.http.common import UserList, user_list
 from gateway.http.contacts import install_server_privacy
 from gateway.http.devices import install_server_devices
@@ -145,8 +145,8 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
         idempotent by (``from``, ``cmid``) exactly like the WebSocket ``send``."""
         body = encode_body(req.body, d.max_body)
         vetted = [body]
-        result = await d.chat.send(req.from_, req.to, req.cmid, body,
-                                   vet=_vet(d, req.from_, {"to": req.to}, req.cmid, vetted))
+        vet = send_vet(d.hooks, req.from_, {"to": req.to}, req.cmid, vetted)
+        result = await d.chat.send(req.from_, req.to, req.cmid, body, vet=vet)
         confirms: list[asyncio.Future[None]] = []
         push_sent(d.pusher, d.events, req.from_, req.to, result, vetted[0], confirms=confirms)
         await handed_over(confirms, d.push_confirm_s)
@@ -160,7 +160,7 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
         vetted = [body]
         result = await d.groups.send(
             req.from_, req.group, req.cmid, body, as_server=True,
-            vet=_vet(d, req.from_, {"group": req.group}, req.cmid, vetted))
+            vet=send_vet(d.hooks, req.from_, {"group": req.group}, req.cmid, vetted))
         confirms: list[asyncio.Future[None]] = []
         push_group_sent(d.pusher, d.events, req.from_, req.group, result, vetted[0],
                         confirms=confirms)
@@ -244,16 +244,3 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
                       "last_seen": now_ms if devices else (seen * 1000 if seen else None)}
         return {"users": out}
 
-
-def _vet(d: ServerDeps, sender: str, target: dict[str, str], cmid: str, body: list[bytes]
-         ) -> Vet | None:
-    """The hook's say on a server send's body (kept in ``body[0]``)."""
-    hooks = d.hooks
-    if hooks is None or not hooks.on("send"):
-        return None
-
-    async def vet(given: bytes) -> bytes:
-        body[0] = await hooks.send(sender, target, cmid, given)
-        return body[0]
-
-    return vet

@@ -34,13 +34,13 @@ from core.ratelimit import KeyedBuckets
 from gateway import frames, wire
 from gateway import protocol as p
 from gateway.auth import Token, TokenVerifier, bearer_token
-from gateway.chat.service import ChatService, SendResult, Vet
+from gateway.chat.service import ChatService, SendResult
 from gateway.contacts.service import Relations
 from gateway.delivery import Pusher, handed_over, push_group_sent, push_sent
 from gateway.errors import ProtocolError
 from gateway.events import Events
 from gateway.groups.service import GroupService
-from gateway.hooks.client import Hooks
+from gateway.hooks.client import Hooks, send_vet
 from gateway.hub import Client
 from gateway.inbox.conversations import Conversations
 from gateway.inbox.ops import MessageOps
@@ -246,7 +246,7 @@ class Sessions:
         """A 1:1 send its receiver's privacy settings and blocks allow (else
         ``forbidden``, nothing stored), then the hook's (if ``send`` is hooked:
         not for a resend already acked); the receiver becomes a contact."""
-        vet = self._vet(sender, {"to": f.to}, f.cmid, body)
+        vet = send_vet(self.hooks, sender, {"to": f.to}, f.cmid, body)
         if self.relations is None:
             return await self.chat.send(sender, f.to, f.cmid, f.body, vet=vet)
         if f.to != sender and not f.to.startswith("g:"):  # else chat.send says why not
@@ -256,23 +256,9 @@ class Sessions:
             await self.relations.sent(sender, f.to)
         return result
 
-    def _vet(self, sender: str, target: dict[str, str], cmid: str, body: list[bytes]
-             ) -> Vet | None:
-        """The hook's say on a send's body (kept in ``body[0]``), or None when
-        ``send`` is not hooked."""
-        hooks = self.hooks
-        if hooks is None or not hooks.on("send"):
-            return None
-
-        async def vet(given: bytes) -> bytes:
-            body[0] = await hooks.send(sender, target, cmid, given)
-            return body[0]
-
-        return vet
-
     async def op_group_send(self, client: Client, f: p.GroupSend) -> None:
         body = [f.body]
-        vet = self._vet(client.user, {"group": f.group}, f.cmid, body)
+        vet = send_vet(self.hooks, client.user, {"group": f.group}, f.cmid, body)
         result = await self._guarded(
             client, f.id, lambda: self.groups.send(client.user, f.group, f.cmid, f.body,
                                                    vet=vet))
