@@ -2,7 +2,7 @@
 // Plain ES module, no dependencies: browsers, and Node 20 with
 // --experimental-websocket (or a WebSocket constructor passed in).
 
-import { Emitter, ImError, backoffDelay, frameText, jwtClaims, randomHex, withToken } from "./util.js";
+import { Emitter, ImError, backoffDelay, frameText, jwtClaims, randomHex, withDevice, withToken } from "./util.js";
 import { Rooms } from "./rooms.js";
 import { Inbox } from "./inbox.js";
 import { Calls } from "./calls.js";
@@ -594,14 +594,5 @@ export class ImClient extends Emitter {
 function chunks(list, size) {
   const out = [];
   for (let i = 0; i < list.length; i += size) out.push(list.slice(i, i + size));
-  return out;
-}
-
-/** The handshake's ?device=&platform= (the login policy), when the application named them. */
-function withDevice(url, device, platform) {
-  let out = url;
-  for (const [k, v] of [["device", device], ["platform", platform]]) {
-    if (v) out += `${out.includes("?") ? "&" : "?"}${k}=${encodeURIComponent(v)}`;
-  }
   return out;
 }

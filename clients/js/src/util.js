@@ -144,3 +144,12 @@ export class Emitter {
     return true;
   }
 }
+
+/** The handshake's ?device=&platform= (the login policy), when the application named them. */
+export function withDevice(url, device, platform) {
+  let out = url;
+  for (const [k, v] of [["device", device], ["platform", platform]]) {
+    if (v) out += `${out.includes("?") ? "&" : "?"}${k}=${encodeURIComponent(v)}`;
+  }
+  return out;
+}
