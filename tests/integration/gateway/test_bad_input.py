@@ -18,11 +18,12 @@ async def nothing_stored(user, mongo_db, redis_client):
     assert await mongo_db.messages.count_documents({"$or": [{"from": user}, {"to": user}]}) == 0
     assert await mongo_db.boxes.count_documents({"owner": user}) == 0
     keys = [k async for k in redis_client.scan_iter(match=f"{RUN_NS}:*{{{user}}}*")]
-    # A connected device has a route, its (empty) group list is cached at
-    # connect, its presence is announced (``pr``), and a disconnected one
-    # leaves its last-seen time; nothing else of the user may exist.
+    # A connected device has a route and a device entry (``dev``), its (empty)
+    # group list is cached at connect, its presence is announced (``pr``), and
+    # a disconnected one leaves its last-seen time; nothing else of the user
+    # may exist.
     assert [k for k in keys
-            if not any(t in k for t in (b":rt:", b":ug:", b":seen:", b":pr:"))] == []
+            if not any(t in k for t in (b":rt:", b":dev:", b":ug:", b":seen:", b":pr:"))] == []
     for k in keys:
         if b":ug:" in k:
             assert await redis_client.hgetall(k) == {b"~": b"1"}

@@ -11,6 +11,7 @@ import orjson
 
 from store.groups_redis import FRAMES_TTL_S, RD_FRAMES
 from store.keys import Keys
+from testkit.poll import until
 from tests.conftest import RUN_NS, settle, uid
 
 GROUPS = 12
@@ -62,6 +63,15 @@ async def test_a_sync_from_its_cursor_reads_only_the_groups_with_news(
     news = (await cs.request("group_send", group=groups[0], cmid="b0", body=0))["mid"]
     got, cursor = await _sync_all(http, n1, user, 0)
     assert got == [*first, news]
+
+    async def cursor_at_news() -> bool:
+        # A sync's cursor stays below sends another node had in flight when it last
+        # shared its mark (every 0.5 s): once those marks moved on it reaches ``news``.
+        nonlocal cursor
+        cursor = (await _sync_all(http, n1, user, 0))[1]
+        return cursor == news
+
+    assert await until(cursor_at_news, timeout=5)
     _, _, read = await n1.app.groups.sync_rd(user, cursor, 100)
     assert read == 1  # the group of that message only: the others had nothing since
     later = [(await cs.request("group_send", group=groups[i], cmid=f"c{i}", body=i))["mid"]
