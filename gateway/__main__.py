@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
                       help="print the settings as a markdown table (README's)")
     tok = sub.add_parser("token", help="print a token for USER (development and tests)")
     tok.add_argument("user")
+    tok.add_argument("--device", help="a device claim: the login policy's device id "
+                     "(wins over the handshake's ?device=)")
+    tok.add_argument("--platform", choices=("ios", "android", "web", "desktop", "other"),
+                     help="a platform claim (wins over the handshake's ?platform=)")
     for p in (serve_p, conf, tok):
         p.add_argument("--env-file", metavar="FILE",
                        help="NAME=value lines read before the environment (which wins)")
@@ -75,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         ttl = args.ttl if args.ttl is not None else min(86_400, settings.auth_max_ttl_s)
         try:
             print(issue_token(settings.auth_secret, args.user, ttl,
-                              max_ttl_s=settings.auth_max_ttl_s))
+                              max_ttl_s=settings.auth_max_ttl_s, device=args.device,
+                              platform=args.platform))
         except ValueError as exc:
             print(f"gateway: {exc}", file=sys.stderr)
             return 2

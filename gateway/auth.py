@@ -31,6 +31,7 @@ from typing import Any
 
 import jwt
 
+from core.devices import DeviceError, check_device
 from gateway.config import PUBLIC_SECRETS, Settings
 from gateway.errors import ProtocolError
 from gateway.protocol import ID_PATTERN
@@ -116,7 +117,8 @@ def check_times(claims: Mapping[str, Any], now: float, max_ttl_s: float,
 
 # -- issue and verify -------------------------------------------------------------
 def issue_token(secret: str, user: str, ttl_s: int = 86_400, *,
-                max_ttl_s: int = DEFAULT_MAX_TTL_S, now: float | None = None) -> str:
+                max_ttl_s: int = DEFAULT_MAX_TTL_S, now: float | None = None,
+                device: str | None = None, platform: str | None = None) -> str:
     """A token for ``user`` valid ``ttl_s`` seconds; ValueError (a message for
     people) for a bad user id, a lifetime over ``max_ttl_s`` or no secret."""
     if len(secret.encode()) < _MIN_SECRET or secret in PUBLIC_SECRETS:
@@ -127,7 +129,11 @@ def issue_token(secret: str, user: str, ttl_s: int = 86_400, *,
         raise ValueError(f"--ttl must be 1..{max_ttl_s} seconds (the maximum token "
                          "lifetime, IM_AUTH_MAX_TTL_S)")
     issued = int(time.time() if now is None else now)
-    return jwt.encode({"sub": user, "iat": issued, "exp": issued + ttl_s}, secret, ALGORITHM)
+    claims: dict[str, Any] = {"sub": user, "iat": issued, "exp": issued + ttl_s}
+    if device is not None or platform is not None:
+        device, platform = check_device(device, platform)
+        claims.update({k: v for k, v in (("device", device), ("platform", platform)) if v})
+    return jwt.encode(claims, secret, ALGORITHM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +143,10 @@ class Token:
     user: str
     exp: float
     iat: float | None
+    # The login policy's device and platform when the product's backend put them
+    # in the token (claims ``device`` / ``platform``): they win over the handshake's.
+    device: str | None = None
+    platform: str | None = None
 
 
 @dataclass(frozen=True)
@@ -173,7 +183,15 @@ class TokenVerifier:
             raise _refuse("token subject is not a valid user id")
         assert isinstance(sub, str)
         iat = _number(claims, "iat")
-        return Token(sub, float(claims["exp"]), iat)
+        device, platform = claims.get("device"), claims.get("platform")
+        if device is not None or platform is not None:
+            try:  # each as the handshake's would be checked (a non-string: malformed)
+                check_device(device if isinstance(device, str) or device is None else "\x00",
+                             platform if isinstance(platform, str) or platform is None
+                             else "\x00")
+            except DeviceError as err:
+                raise _refuse(f"token claim: {err}") from None
+        return Token(sub, float(claims["exp"]), iat, device, platform)
 
     def _decode(self, token: str) -> dict[str, Any]:
         try:

@@ -157,6 +157,8 @@ class Sessions:
         core = sc.SessionCore(self.limits, time.monotonic(), budget)  # + bad frames
         client = Client(ws.username, ws)
         token, ip, device, platform = self._tokens.pop(ws)
+        if token.device is not None or token.platform is not None:  # the backend's say wins
+            device, platform = token.device or device, token.platform or platform
         client.device = device or f"d-{secrets.token_hex(6)}"  # none named: one of its own
         client.platform = platform
         client.iat = token.iat or 0.0

@@ -9,14 +9,17 @@ server API closes one device with 4003; a malformed device is refused."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
+import jwt
 import pytest
 from websockets.exceptions import InvalidStatus
 
+from gateway.auth import issue_token
 from testkit.device import Device
 from testkit.poll import until
-from tests.conftest import settle, token, uid
+from tests.conftest import SECRET, settle, token, uid
 
 KEY = "k-" + "0123456789abcdef" * 2
 REPLACED = 4005
@@ -139,3 +142,24 @@ async def test_a_malformed_device_or_platform_is_refused_at_the_handshake(node, 
         await Device.open(f"ws://127.0.0.1:{node.ws_port}/ws?{query}", token(uid("b")))
     assert refused.value.response.status_code == 400
     assert b"must be" in refused.value.response.body
+
+
+async def test_device_and_platform_claims_of_the_token_win_over_the_handshake(node):
+    """The product's backend may put ``device`` / ``platform`` in the token: they
+    win over ``?device=&platform=``; a malformed claim refuses the token."""
+    user = uid("t")
+    claimed = issue_token(SECRET, user, 600, device="issued-phone", platform="android")
+    d = await Device.open(f"ws://127.0.0.1:{node.ws_port}/ws?device=other&platform=web",
+                          claimed)
+
+    async def listed_claimed() -> bool:
+        return await listed(node, user) == [("issued-phone", "android")]
+
+    assert await until(listed_claimed, timeout=10)
+    await d.close()
+    bad = jwt.encode({"sub": user, "iat": int(time.time()), "exp": int(time.time()) + 600,
+                      "device": "has space"}, SECRET, "HS256")
+    with pytest.raises(InvalidStatus) as refused:
+        await Device.open(node.ws_port, bad)
+    assert refused.value.response.status_code == 401
+    assert b"token claim: device must be" in refused.value.response.body
