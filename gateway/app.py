@@ -13,6 +13,7 @@ node has its number and name.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -245,11 +246,12 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     feed = FeedService(stores.follows, stores.posts, stores.timelines, stores.feed_cache,
                        stores.counters, fanout, mids, FeedLimits.from_settings(s),
                        followed=lambda a, b: relations.changed(a, b))
-    events = Events(name, router.publish_event,
-                    _EventSources(conversations, stores.group_cache, stores.routes, router),
+    sources = _EventSources(conversations, stores.group_cache, stores.routes, router)
+    events = Events(name, router.publish_event, sources,
                     s.event_types, pending_max=s.events_pending_max,
                     pending_per_user=s.events_pending_per_user,
-                    count=lambda kind, outcome: metrics.events.labels(kind, outcome).inc())
+                    count=lambda kind, outcome: metrics.events.labels(kind, outcome).inc(),
+                    push_platforms=s.offline_push_platform_set)
     router.when_resumed(lambda _lost_at: events.resume())  # the events held meanwhile
     def announce(user: str, online: bool, at_ms: int) -> None:
         """A presence change this node settled: to the events and to the watchers."""
@@ -263,6 +265,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                       alive=lambda node: router.is_alive(node, time.time()),
                       replaced=metrics.closed.labels("replaced").inc)
     controls.handle(CloseConn, devices.apply_control)
+    sources.devices = devices  # the events' platforms (built after the outbox)
     registry = Registry(name, hub, stores.routes, presence, live, watch, watchers, replay,
                         **batch,
                         grace_s=s.register_grace_s, closed=metrics.closed.labels("registration"),
@@ -317,7 +320,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     return app
 
 
-@dataclass(frozen=True)
+@dataclass
 class _EventSources:
     """What the events worker reads (``gateway.events.EventSources``)."""
 
@@ -325,6 +328,13 @@ class _EventSources:
     group_cache: GroupCache
     routes: RouteStore
     router: Router
+    devices: Devices | None = None
+
+    async def platforms(self, users: Sequence[str]) -> dict[str, list[str]]:
+        if self.devices is None or not users:
+            return {}
+        found = await asyncio.gather(*(self.devices.devices(u) for u in users))
+        return {u: [d["platform"] for d in ds] for u, ds in zip(users, found, strict=True)}
 
     async def unread(self, user: str) -> int:
         return int((await self.conversations.conversations(user, 1))["total_unread"])

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
 from core.client_ip import Proxies
-from core.devices import POLICIES
+from core.devices import PLATFORMS, POLICIES
 from router.amqp_urls import AmqpUrlError, parse_amqp_urls
 from store.redis_urls import cluster_seeds
 
@@ -251,6 +251,11 @@ class Settings:
     events: str = setting("offline,presence",
         'event types (or prefixes) published to the durable topic exchange {ns}.events '
         '(docs/protocol.md, "Events out"); none: no events')
+    offline_push_platforms: str = setting("",
+        'comma-separated platforms (ios, android, web, desktop, other): offline.msg is '
+        'also made for a 1:1 message whose receiver is connected on none of them (a '
+        'phone to wake while only a desktop is open); unset: only when no device is '
+        'connected')
     events_pending_max: int = setting(10_000, 'events waiting for the broker before new ones drop')
     events_pending_per_user: int = setting(500,
         'of those, entries caused by one user (the outbox serves users in turn)')
@@ -288,6 +293,11 @@ class Settings:
     def event_types(self) -> tuple[str, ...]:
         return tuple(t.strip() for t in self.events.split(",")
                      if t.strip() and t.strip() != "none")
+
+    @property
+    def offline_push_platform_set(self) -> frozenset[str]:
+        return frozenset(p.strip() for p in self.offline_push_platforms.split(",")
+                         if p.strip())
 
     @property
     def hook_kinds(self) -> frozenset[str]:
@@ -372,6 +382,9 @@ class Settings:
                 yield "IM_HOOK_URL must be an http:// or https:// URL"
             if len(self.hook_secret.encode()) < 16:
                 yield "IM_HOOK_URL needs IM_HOOK_SECRET, at least 16 bytes"
+        if wrong := sorted(self.offline_push_platform_set - set(PLATFORMS)):
+            yield (f"IM_OFFLINE_PUSH_PLATFORMS: {', '.join(wrong)}: each must be one of "
+                   f"{', '.join(PLATFORMS)}")
         if unknown := [k for k in self.hook_kinds if k not in ("send", "room_send", "join")]:
             yield f"IM_HOOKS: {', '.join(unknown)}: each must be send, room_send or join"
         for name, choices in (("hook_failure", ("closed", "open")),

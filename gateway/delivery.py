@@ -67,8 +67,8 @@ def push_sent(pusher: Pusher, events: Events | None, sender: str, to: str, resul
                 confirms=confirms)
     if events is not None and not result.repeat:
         now = time.time()
-        if not pusher.live_routes(result.receiver_routes, now):
-            events.offline_msg(to, result.mid, sender, sender, body)
+        online = bool(pusher.live_routes(result.receiver_routes, now))
+        events.offline_msg(to, result.mid, sender, sender, body, online=online)
 
 
 def push_group_sent(pusher: Pusher, events: Events | None, sender: str, group: str,

@@ -67,6 +67,10 @@ class EventSources(Protocol):
         """Those of ``users`` with no device connected to a live node."""
         ...
 
+    async def platforms(self, users: Sequence[str]) -> dict[str, list[str]]:
+        """Each user's connected devices' platforms (on live nodes), one per device."""
+        ...
+
 
 @dataclass(slots=True)
 class _Entry:
@@ -78,6 +82,9 @@ class _Entry:
     id: str = ""  # node name + sequence: the same on every retry (consumers dedupe on it)
     users: list[str] | None = None  # offline.msg: recipients, or None: find (group)
     group: str | None = None
+    # a 1:1 offline.msg for a receiver with a device connected: made only if none
+    # of its devices is of these platforms (IM_OFFLINE_PUSH_PLATFORMS)
+    unless_on: frozenset[str] = frozenset()
     sent: int = 0  # events of this entry already confirmed (a retry goes on from here)
     ts: int = field(default_factory=lambda: int(time.time() * 1000))
 
@@ -95,8 +102,12 @@ class Events:
     def __init__(self, node: str, publish: Callable[[str, bytes, str], Awaitable[None]],
                  sources: EventSources, wanted: tuple[str, ...], *,
                  pending_max: int = 10_000, pending_per_user: int = 500,
-                 count: Callable[[str, str], None] = lambda _type, _outcome: None) -> None:
+                 count: Callable[[str, str], None] = lambda _type, _outcome: None,
+                 push_platforms: frozenset[str] = frozenset()) -> None:
         self.node = node
+        # IM_OFFLINE_PUSH_PLATFORMS: offline.msg also for a receiver connected on
+        # none of these (a phone to wake while only the desktop is open)
+        self.push_platforms = push_platforms
         self.publish = publish  # (routing key, body, event id), confirmed by the broker
         self.sources = sources
         self.wanted = wanted
@@ -118,11 +129,16 @@ class Events:
         return len(self._queue)
 
     # -- queueing (never awaits) ---------------------------------------------------
-    def offline_msg(self, user: str, mid: int, sender: str, conv: str, body: bytes) -> None:
-        """``offline.msg`` for ``user``, who has no device on a live node."""
-        if self.wants("offline.msg"):
-            self._put(_Entry("offline.msg", {"mid": mid, "from": sender, "conv": conv,
-                                             "preview": preview(body)}, users=[user]))
+    def offline_msg(self, user: str, mid: int, sender: str, conv: str, body: bytes, *,
+                    online: bool = False) -> None:
+        """``offline.msg`` for ``user``, who has no device on a live node; or,
+        ``online`` and with ``IM_OFFLINE_PUSH_PLATFORMS`` set, who may have none
+        of those platforms connected (the worker looks)."""
+        if not self.wants("offline.msg") or (online and not self.push_platforms):
+            return
+        self._put(_Entry("offline.msg", {"mid": mid, "from": sender, "conv": conv,
+                                         "preview": preview(body)}, users=[user],
+                         unless_on=self.push_platforms if online else frozenset()))
 
     def group_msg(self, group: str, mid: int, seq: int, sender: str, body: bytes, *,
                   diffused: bool) -> None:
@@ -193,6 +209,18 @@ class Events:
                     members = await self.sources.members(e.group)
                     e.users = await self.sources.offline(
                         [u for u in members if u != e.fields["from"]])
+            # Which platforms each user of the batch has connected: presence
+            # events count devices, offline.msg says them (and one for a user
+            # connected on a platform to push to is not made).
+            # (An offline.msg made because no device was connected says [] without
+            # a look-up: the common case costs nothing more.)
+            asked = {str(e.fields["user"]) for e in batch if e.kind.startswith("presence.")}
+            asked.update(e.users[0] for e in batch if e.unless_on and e.users)
+            platforms = await self.sources.platforms(sorted(asked)) if asked else {}
+            for e in batch:
+                if e.unless_on and e.users and e.sent == 0 and \
+                        e.unless_on.intersection(platforms.get(e.users[0], ())):
+                    e.users = []  # it reached a device it pushes to: no event
             totals = await self._unread({u for e in batch if e.kind == "offline.msg"
                                          for u in e.users or ()})
         except Exception:
@@ -200,12 +228,18 @@ class Events:
             raise
         events: list[tuple[_Entry, dict[str, Any], str]] = []
         for e in batch:
+            if e.kind.startswith("presence."):
+                on = platforms.get(str(e.fields["user"]), [])
+                events.append((e, {**e.fields, "devices": len(on),
+                                   "platforms": sorted(set(on))}, e.id))
+                continue
             if e.kind != "offline.msg":
                 events.append((e, e.fields, e.id))
                 continue
             users = e.users or []
             for i in range(e.sent, len(users)):
-                events.append((e, {"user": users[i], **e.fields, "unread": totals[users[i]]},
+                events.append((e, {"user": users[i], **e.fields, "unread": totals[users[i]],
+                                   "platforms": sorted(set(platforms.get(users[i], [])))},
                                e.id if e.group is None else f"{e.id}.{i}"))
         results = await asyncio.gather(*(self._publish(e, fields, event_id)
                                          for e, fields, event_id in events),

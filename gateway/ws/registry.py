@@ -87,10 +87,10 @@ class Registry:
         and load its groups; what fails is tried again (module doc)."""
         self.hub.add(client)
         routed = await self._write_route(client)
+        if self.devices is not None:  # after the route (a replaced one's close finds it),
+            await self.devices.connected(client)  # before presence (its event counts it)
         self.presence.connected(client.user)
         grouped = await self.groups.connected(client)
-        if self.devices is not None:  # after the route: a replaced one's close can find it
-            await self.devices.connected(client)
         if not (routed and grouped):
             self._unfinished[client.id] = _Unfinished(client, time.monotonic(), time.time(),
                                                       not routed, not grouped)

@@ -30,6 +30,9 @@ class Sources:
     async def offline(self, users: Sequence[str]) -> list[str]:
         return [u for u in users if u not in self.online]
 
+    async def platforms(self, users: Sequence[str]) -> dict[str, list[str]]:
+        return {u: ["web"] for u in users if u in self.online}
+
 
 class Broker:
     """Confirms each publish, except the ``fail`` next ones and the calls

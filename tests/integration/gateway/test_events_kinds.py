@@ -12,9 +12,10 @@ import aio_pika
 import httpx
 import pytest
 
+from testkit.device import Device
 from testkit.events import EventQueue, bind_events
 from testkit.poll import until
-from tests.conftest import RUN_NS, base_settings, settle, uid
+from tests.conftest import RUN_NS, base_settings, settle, token, uid
 
 GRACE = {"presence_grace_s": 1.0, "heartbeat_s": 0.5, "heartbeat_ttl_s": 2.0}
 
@@ -151,3 +152,33 @@ async def test_users_of_a_node_that_dies_or_drains_go_offline(make_node, node_pr
     offs = await offline_seen()
     assert sorted(e["user"] for e in offs) == sorted(users)
     assert survivor.metrics.events.labels("presence.offline", "published")._value.get() >= 3
+
+
+async def test_events_say_which_devices_are_connected(make_node, connect, bound):
+    """``presence.*`` count the user's devices and name their platforms;
+    with ``IM_OFFLINE_PUSH_PLATFORMS`` a receiver connected on none of them
+    (a desktop only) still gets ``offline.msg``, saying what is connected, and
+    one with such a device connected gets none."""
+    presence, offline = await bound("presence.#"), await bound("offline.#")
+    node = await make_node(**GRACE, offline_push_platforms="ios,android")
+    u, bob, alice = uid("p"), uid("b"), uid("a")
+    d = await Device.open(f"ws://127.0.0.1:{node.ws_port}/ws?device=ph&platform=ios", token(u))
+    online = (await mine(presence, {u}, 1))[0]
+    assert (online["type"], online["devices"], online["platforms"]) == (
+        "presence.online", 1, ["ios"])
+    await d.close()
+    gone = (await mine(presence, {u}, 2, timeout=10))[1]
+    assert (gone["type"], gone["devices"], gone["platforms"]) == ("presence.offline", 0, [])
+    desk = await Device.open(f"ws://127.0.0.1:{node.ws_port}/ws?device=pc&platform=desktop",
+                             token(bob))
+    ca = await connect(node, alice)
+    first = await ca.request("send", to=bob, cmid="m1", body="wake your phone")
+    got = (await mine(offline, {bob}, 1))[0]
+    assert (got["mid"], got["platforms"]) == (first["mid"], ["desktop"])
+    phone = await Device.open(f"ws://127.0.0.1:{node.ws_port}/ws?device=ph&platform=android",
+                              token(bob))
+    await phone.request("ping")
+    await ca.request("send", to=bob, cmid="m2", body="the phone is here")
+    assert len(await mine(offline, {bob}, 2, timeout=2.5)) == 1  # none for the second
+    for x in (desk, phone):
+        await x.close()
