@@ -63,6 +63,12 @@ class Devices:
         for conn in replaced:
             await self.close(client.user, conn, REPLACED, "replaced by a newer connection")
 
+    def claim_soon(self, client: Client) -> None:
+        """``connected`` in a task of its own (tracked; closed with the node)."""
+        task = asyncio.create_task(self.connected(client))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def disconnected(self, client: Client) -> None:
         async def release() -> None:
             try:

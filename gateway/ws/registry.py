@@ -88,7 +88,9 @@ class Registry:
         self.hub.add(client)
         routed = await self._write_route(client)
         if self.devices is not None:  # after the route (a replaced one's close finds it),
-            await self.devices.connected(client)  # before presence (its event counts it)
+            # before presence (its event counts it); not awaited: a slow Redis must
+            # not hold the device's registration (its groups, its replay)
+            self.devices.claim_soon(client)
         self.presence.connected(client.user)
         grouped = await self.groups.connected(client)
         if not (routed and grouped):
