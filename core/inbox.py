@@ -187,6 +187,13 @@ class ConversationIndex(Generic[T]):
         self._where[conv] = new
         return old
 
+    def find(self, conv: str) -> tuple[Position, T] | None:
+        """``conv``'s row, if it is in the index."""
+        pos = self._where.get(conv)
+        if pos is None:
+            return None
+        return self._asc[bisect.bisect_left(self._keys, pos)]
+
     def __len__(self) -> int:
         return len(self._asc)
 

@@ -23,6 +23,7 @@ from fastapi import FastAPI
 
 from core.ids import MidGenerator
 from core.inflight import InFlight
+from core.ttl_cache import TtlCache
 from gateway import frames
 from gateway.auth import TokenVerifier
 from gateway.bindings import Bindings
@@ -45,7 +46,9 @@ from gateway.http.guard import HttpLimits
 from gateway.http.server import ServerDeps
 from gateway.hub import Hub
 from gateway.inbox.conversations import Conversations
-from gateway.inbox.ops import MessageOps
+from gateway.inbox.edits import Edits
+from gateway.inbox.ops import Features, MessageOps
+from gateway.inbox.reactions import Reactions
 from gateway.metrics import NodeMetrics
 from gateway.moderation import Moderation
 from gateway.presence.devices import Devices
@@ -73,11 +76,13 @@ from router.controls import (
 from router.positions import RoomPositions
 from router.routing import group_key, parse_key, room_key
 from store import Stores
-from store.ports import GroupCache, RouteStore
+from store.ports import ConvSettingStore, GroupCache, RouteStore
 
 __all__ = ["App", "compose"]
 
 Step = tuple[str, Callable[[], Awaitable[object]]]
+MUTERS_S = 5.0  # a group's muters, as its offline.group events name them, kept this long
+MUTERS_MAX = 1000  # muters an offline.group event names at most
 
 
 @dataclass(frozen=True)
@@ -231,7 +236,12 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
         own = inflight.oldest(time.monotonic())
         return min([*marks.values(), *([own] if own is not None else [])], default=None)
 
-    conversations = Conversations(chat, groups, s.sync_settle_ms, low_mark)
+    reactions = Reactions(stores.reactions, stores.messages, stores.groups, stores.group_cache,
+                          s.reaction_emoji_max)
+    edits = Edits(stores.messages, stores.offline, stores.groups, stores.group_cache,
+                  s.edit_window_s)
+    conversations = Conversations(chat, groups, s.sync_settle_ms, low_mark, reactions,
+                                  stores.conv_settings)
     replay.low_mark = low_mark  # a replay reaches back to sends in flight
     live = LiveRooms(name, RoomRules.from_settings(s), metrics, room_hub, router, stores.rooms,
                      bindings,
@@ -246,7 +256,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     feed = FeedService(stores.follows, stores.posts, stores.timelines, stores.feed_cache,
                        stores.counters, fanout, mids, FeedLimits.from_settings(s),
                        followed=lambda a, b: relations.changed(a, b))
-    sources = _EventSources(conversations, stores.group_cache, stores.routes, router)
+    sources = _EventSources(conversations, stores.group_cache, stores.routes, router,
+                            settings=stores.conv_settings)
     events = Events(name, router.publish_event, sources,
                     s.event_types, pending_max=s.events_pending_max,
                     pending_per_user=s.events_pending_per_user,
@@ -272,19 +283,20 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                         devices=devices)
     query = PresenceQuery(stores.routes, router.live_routes)
     verifier = TokenVerifier.from_settings(s)
+    hooks = Hooks(HookSettings(
+        s.hook_url, s.hook_secret.encode(), s.hook_kinds, s.hook_timeout_ms / 1000,
+        s.hook_failure == "open", s.hook_max_inflight, s.max_body), metrics) \
+        if s.hook_url else None
     ops = MessageOps(conversations, chat, groups, router, s.recall_window_s,
                      lambda g, conn: conn in (group_hub.members.get(g) or {}), watchers, query,
-                     relations)
+                     relations, Features(edits, reactions, stores.conv_settings,
+                                         stores.group_cache, s.pinned_max, hooks))
 
     def relations_applied(users: list[str], ctl: RelationChange) -> Awaitable[None] | None:
         relations.apply_control(users, ctl)  # forgotten first: the checks read afresh
         return ops.recheck_watches(users) if watchers.watching(users) else None
 
     controls.handle(RelationChange, relations_applied)
-    hooks = Hooks(HookSettings(
-        s.hook_url, s.hook_secret.encode(), s.hook_kinds, s.hook_timeout_ms / 1000,
-        s.hook_failure == "open", s.hook_max_inflight, s.max_body), metrics) \
-        if s.hook_url else None
     sessions = Sessions(SessionLimits.from_settings(s), ConnectionLimits.from_settings(s),
                         registry, chat, groups, conversations, live, router, metrics,
                         draining, verifier, moderation, ops, events, relations, hooks)
@@ -329,6 +341,26 @@ class _EventSources:
     routes: RouteStore
     router: Router
     devices: Devices | None = None
+    settings: ConvSettingStore | None = None
+    muters: TtlCache[str, list[str]] = field(default_factory=lambda: TtlCache(10_000))
+
+    async def muted(self, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        if self.settings is None or not pairs:
+            return set()
+        mine = await self.settings.of_users(sorted({u for u, _ in pairs}))
+        return {(u, c) for u, c in pairs if (v := mine[u].get(c)) is not None and v.muted}
+
+    async def muted_by(self, conv: str) -> list[str]:
+        """Who muted a group (kept ``MUTERS_S`` on the node: one read per busy group)."""
+        if self.settings is None:
+            return []
+        now = time.monotonic()
+        found, users = self.muters.get(conv, now)
+        if found and users is not None:
+            return users
+        users = await self.settings.muted_by(conv, MUTERS_MAX)
+        self.muters.set(conv, users, now + MUTERS_S)
+        return users
 
     async def platforms(self, users: Sequence[str]) -> dict[str, list[str]]:
         if self.devices is None or not users:

@@ -276,6 +276,15 @@ class Settings:
         'within their timeout')
     recall_window_s: float = setting(120.0,
         'a sender may recall a 1:1 message this long after sending it')
+    edit_window_s: float = setting(900.0,
+        'a sender may edit a message (1:1 or group) this long after sending it')
+    reaction_emoji_max: int = setting(20,
+        'distinct emoji one message may carry; a reaction with another one is `forbidden`')
+    reaction_shards: int = setting(4,
+        "Redis keys each message's reaction counts are spread over (by reacting user), "
+        'so a popular message is no hot key')
+    pinned_max: int = setting(20,
+        'conversations one user may pin; pinning one more is `forbidden`')
     presence_subs_max: int = setting(1000,
         'users one user may watch with `presence_sub`, across all its connections and '
         'nodes (a user watched twice counts once; `forbidden` past it)')
@@ -359,7 +368,8 @@ class Settings:
                      "feed_timeline_max", "feed_text_max", "feed_queue_max",
                      "events_pending_max", "events_pending_per_user", "presence_grace_s",
                      "register_grace_s",
-                     "recall_window_s",
+                     "recall_window_s", "edit_window_s", "reaction_emoji_max",
+                     "reaction_shards", "pinned_max",
                      "presence_subs_max", "room_history_ttl_s", "room_reorder_ms",
                      "room_write_chunk", "room_write_at_once", "listen_backlog",
                      "max_groups_owned", "max_groups_joined", "group_creates_per_min",

@@ -71,6 +71,14 @@ class EventSources(Protocol):
         """Each user's connected devices' platforms (on live nodes), one per device."""
         ...
 
+    async def muted(self, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Those (user, conversation) the user muted."""
+        ...
+
+    async def muted_by(self, conv: str) -> list[str]:
+        """Who muted a group's conversation (``g:G``)."""
+        ...
+
 
 @dataclass(slots=True)
 class _Entry:
@@ -86,6 +94,7 @@ class _Entry:
     # of its devices is of these platforms (IM_OFFLINE_PUSH_PLATFORMS)
     unless_on: frozenset[str] = frozenset()
     sent: int = 0  # events of this entry already confirmed (a retry goes on from here)
+    muted_checked: bool = False  # recipients who muted the conversation left out (once)
     ts: int = field(default_factory=lambda: int(time.time() * 1000))
 
     @property
@@ -214,6 +223,7 @@ class Events:
             # connected on a platform to push to is not made).
             # (An offline.msg made because no device was connected says [] without
             # a look-up: the common case costs nothing more.)
+            await self._leave_out_muted(batch)
             asked = {str(e.fields["user"]) for e in batch if e.kind.startswith("presence.")}
             asked.update(e.users[0] for e in batch if e.unless_on and e.users)
             platforms = await self.sources.platforms(sorted(asked)) if asked else {}
@@ -254,6 +264,29 @@ class Events:
         self._queue.remove_done(_done)  # each user's in order, up to its first not confirmed
         if failed is not None:
             raise failed
+
+    async def _leave_out_muted(self, batch: list[_Entry]) -> None:
+        """A recipient who muted the conversation gets no ``offline.msg`` (its
+        unread still counts); an ``offline.group`` names the group's muters
+        (``muted``) for the consumer to leave out. Once per entry, before any
+        of its events is sent (a retry keeps its recipients' order)."""
+        todo = [e for e in batch if not e.muted_checked and e.sent == 0
+                and (e.kind == "offline.group" or (e.kind == "offline.msg" and e.users))]
+        if not todo:
+            return
+        pairs = [(u, str(e.fields["conv"])) for e in todo if e.kind == "offline.msg"
+                 for u in e.users or ()]
+        muted = await self.sources.muted(pairs) if pairs else set()
+        for e in todo:
+            if e.kind == "offline.group":
+                e.fields["muted"] = await self.sources.muted_by(str(e.fields["conv"]))
+            else:
+                conv = str(e.fields["conv"])
+                kept = [u for u in e.users or () if (u, conv) not in muted]
+                for _ in range(len(e.users or ()) - len(kept)):
+                    self.count(e.kind, "muted")
+                e.users = kept
+            e.muted_checked = True
 
     async def _unread(self, users: set[str]) -> dict[str, int]:
         order = list(users)

@@ -2,7 +2,8 @@
 
 One constructor per frame: replies (``ack``, ``ok``, ``error``, ``pong``,
 ``joined``, ``left``, ``presence``), pushes (``msg`` / ``group_msg`` from
-store records, ``typing``, ``read``, ``receipt``, ``recalled``,
+store records, ``typing``, ``read``, ``receipt``, ``recalled``, ``edited``, ``reaction``,
+``conv_settings``,
 ``group_event``, ``feed``, ``notice``, ``room_gap``, ``reconnect``). Each returns the
 encoded bytes, built once and written unchanged to every socket that gets
 them; a reply without a request id carries no ``re``. ``room_msgs`` is the
@@ -21,10 +22,10 @@ from core.ids import mid_time_ms
 from gateway.errors import ProtocolError
 from store.records import ChatMessage, GroupMessage, StoredMessage
 
-__all__ = ["ack", "body_value", "encode", "encode_group", "error", "feed", "frame_of",
-           "group_event", "group_frame", "joined", "left", "msg_frame", "notice", "ok", "pong",
-           "presence", "read", "receipt", "recalled", "reconnect", "room_gap", "tombstone",
-           "typing"]
+__all__ = ["ack", "body_value", "conv_settings", "edited", "encode", "encode_group", "error",
+           "feed", "frame_of", "group_event", "group_frame", "joined", "left", "msg_frame",
+           "notice", "ok", "pong", "presence", "reaction", "read", "receipt", "recalled",
+           "reconnect", "room_gap", "tombstone", "typing"]
 
 
 def body_value(body: Any) -> Any:
@@ -38,8 +39,19 @@ def msg_frame(m: ChatMessage, reader: str | None = None) -> dict[str, Any]:
     with ``conv`` as ``reader`` names the conversation."""
     if m.recalled:
         return tombstone(m, m.to if reader == m.sender else m.sender)
-    return {"op": "msg", "mid": m.mid, "from": m.sender, "to": m.to, "body": body_value(m.body),
-            "ts": mid_time_ms(m.mid)}
+    frame = {"op": "msg", "mid": m.mid, "from": m.sender, "to": m.to, "body": body_value(m.body)}
+    return _tail(frame, m.reply_to, m.mid, m.edited)
+
+
+def _tail(frame: dict[str, Any], reply_to: int, mid: int, edited: int) -> dict[str, Any]:
+    """A message frame's last fields: ``reply_to`` (when it answers one), ``ts``,
+    ``edited`` (when it was)."""
+    if reply_to:
+        frame["reply_to"] = reply_to
+    frame["ts"] = mid_time_ms(mid)
+    if edited:
+        frame["edited"] = edited
+    return frame
 
 
 PREVIEW_MAX = 512  # bytes of a conversation's last message kept as it is
@@ -80,8 +92,9 @@ def group_frame(m: GroupMessage) -> dict[str, Any]:
         return {"op": "group_msg", "mid": m.mid, "seq": m.seq, "group": m.group,
                 "conv": f"g:{m.group}", "from": m.sender, "ts": mid_time_ms(m.mid),
                 "recalled": True}
-    return {"op": "group_msg", "mid": m.mid, "seq": m.seq, "group": m.group,
-            "from": m.sender, "body": body_value(m.body), "ts": mid_time_ms(m.mid)}
+    frame = {"op": "group_msg", "mid": m.mid, "seq": m.seq, "group": m.group,
+             "from": m.sender, "body": body_value(m.body)}
+    return _tail(frame, m.reply_to, m.mid, m.edited)
 
 
 def frame_of(m: StoredMessage, reader: str | None = None) -> dict[str, Any]:
@@ -169,6 +182,23 @@ def receipt(conv: str, mid: int) -> bytes:
 
 def recalled(mid: int, conv: str, by: str) -> bytes:
     return orjson.dumps({"op": "recalled", "mid": mid, "conv": conv, "by": by})
+
+
+def edited(mid: int, conv: str, body: bytes, at_ms: int) -> bytes:
+    """A message's new body (``body``: encoded JSON), edited at ``at_ms``."""
+    return orjson.dumps({"op": "edited", "mid": mid, "conv": conv,
+                         "body": orjson.Fragment(body), "edited": at_ms})
+
+
+def reaction(mid: int, conv: str, user: str, emoji: str, on: bool) -> bytes:
+    """``user`` added (``on``) or removed its ``emoji`` on message ``mid``."""
+    return orjson.dumps({"op": "reaction", "mid": mid, "conv": conv, "from": user,
+                         "emoji": emoji, "on": on})
+
+
+def conv_settings(conv: str, settings: Mapping[str, bool]) -> bytes:
+    """To the user's devices: its settings of ``conv`` (muted, pinned, archived)."""
+    return orjson.dumps({"op": "conv_settings", "conv": conv, **settings})
 
 
 def group_event(group: str, event: str, users: Sequence[str], by: str) -> bytes:

@@ -74,7 +74,8 @@ class Node:
                                unread_cap=s.unread_cap, dedup_ttl_s=s.dedup_ttl_s,
                                user_key_ttl_s=s.user_key_ttl_s),
             encode_group_last=encode_group, encode_conv_last=conversation_last,
-            mongo_w=s.mongo_w, observe_mongo=self.metrics.observe_store_command,
+            mongo_w=s.mongo_w, reaction_shards=s.reaction_shards,
+            observe_mongo=self.metrics.observe_store_command,
             room_history=(s.room_history, s.room_history_ttl_s))
         self.lease: NodeLease = self.stores.lease
         self._keeper: LeaseKeeper | None = None

@@ -26,6 +26,10 @@ __all__ = [
     "Op",
     "PresenceSub",
     "Recall",
+    "Edit",
+    "React",
+    "check_emoji",
+    "check_reply_to",
     "Typing",
     "parse",
     "GroupSend",
@@ -53,6 +57,7 @@ class Send:
     to: str
     cmid: str
     body: bytes  # encoded JSON
+    reply_to: int = 0  # a mid of the same conversation (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,22 @@ class GroupSend:
     group: str
     cmid: str
     body: bytes  # encoded JSON
+    reply_to: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    id: object
+    mid: int
+    body: bytes  # encoded JSON
+
+
+@dataclass(frozen=True, slots=True)
+class React:
+    id: object
+    mid: int
+    emoji: str
+    on: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +153,8 @@ MAX_TOKEN = 8192  # characters of a token in a refresh frame
 MAX_PRESENCE_USERS = 500  # users of one presence_sub / presence_unsub
 MAX_ROOM_HISTORY = 100  # messages a join may ask for
 Frame = (Send | GroupSend | Join | Leave | RoomSend | RecvAck | Read | Ping | Refresh | Recall
-         | Typing | PresenceSub)
+         | Typing | PresenceSub | Edit | React)
+MAX_EMOJI = 32  # characters of a reaction's emoji
 
 
 def check_id(value: object, field: str, re_: object = None) -> str:
@@ -184,16 +206,48 @@ def encode_body(value: Any, max_body: int) -> bytes:
     return _body({"body": value}, max_body, None)
 
 
+def check_reply_to(value: object, re_: object = None) -> int:
+    """An optional ``reply_to``: absent or null is 0 (none), else a mid above 0."""
+    if value is None:
+        return 0
+    mid = check_mid(value, "reply_to", re_)
+    if mid == 0:
+        raise ProtocolError("bad_request", "reply_to must be the mid of a message", re_)
+    return mid
+
+
+def check_emoji(value: object, re_: object = None) -> str:
+    """A reaction: 1-32 characters, none of them a control character."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_EMOJI and value.isprintable() \
+            and _encodable(value):
+        return value
+    raise ProtocolError("bad_request", f"emoji must be 1-{MAX_EMOJI} printable characters",
+                        re_)
+
+
 def _parse_send(obj: dict[str, Any], rid: object, max_body: int) -> Send:
     to = check_id(obj.get("to"), "to", rid)
     cmid = check_id(obj.get("cmid"), "cmid", rid)
-    return Send(rid, to, cmid, _body(obj, max_body, rid))
+    return Send(rid, to, cmid, _body(obj, max_body, rid), check_reply_to(obj.get("reply_to"), rid))
 
 
 def _parse_group_send(obj: dict[str, Any], rid: object, max_body: int) -> GroupSend:
     group = check_id(obj.get("group"), "group", rid)
     cmid = check_id(obj.get("cmid"), "cmid", rid)
-    return GroupSend(rid, group, cmid, _body(obj, max_body, rid))
+    return GroupSend(rid, group, cmid, _body(obj, max_body, rid),
+                     check_reply_to(obj.get("reply_to"), rid))
+
+
+def _parse_edit(obj: dict[str, Any], rid: object, max_body: int) -> Edit:
+    return Edit(rid, check_mid(obj.get("mid"), "mid", rid), _body(obj, max_body, rid))
+
+
+def _parse_react(obj: dict[str, Any], rid: object, max_body: int) -> React:
+    on = obj.get("on", True)
+    if not isinstance(on, bool):
+        raise ProtocolError("bad_request", "on must be true or false", rid)
+    return React(rid, check_mid(obj.get("mid"), "mid", rid),
+                 check_emoji(obj.get("emoji"), rid), on)
 
 
 def _parse_room_send(obj: dict[str, Any], rid: object, max_body: int) -> RoomSend:
@@ -395,6 +449,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("leave", _parse_leave),
     Op("room_send", _parse_room_send, run="now"),
     Op("recall", _parse_recall, cost=_store_cost),
+    Op("edit", _parse_edit, cost=_store_cost),
+    Op("react", _parse_react, cost=_store_cost),
     Op("typing", _parse_typing),
     Op("presence_sub", _parse_presence(True), cost=_presence_cost),
     Op("presence_unsub", _parse_presence(False), cost=_presence_cost),

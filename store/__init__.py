@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from core.errors import Unavailable
 from store import ports
+from store.conv_settings_mongo import ConvSettingsMongo
+from store.conv_settings_redis import ConvSettingsRedis
 from store.counters_redis import CountersRedis
 from store.dedup_redis import DedupRedis
 from store.devices_redis import DevicesRedis
@@ -33,6 +35,8 @@ from store.offline_redis import OfflineRedis
 from store.posts_mongo import PostsMongo
 from store.presence_redis import PresenceRedis
 from store.quotas_redis import QuotasRedis
+from store.reactions_mongo import ReactionsMongo
+from store.reactions_redis import ReactionsRedis
 from store.records import ChatMessage, GroupMessage, InboxLimits
 from store.redis_client import connect_redis, redis_guard
 from store.relations_mongo import RelationsMongo
@@ -72,6 +76,8 @@ class Stores:
     watches: ports.WatchStore
     quotas: ports.QuotaStore
     relations: ports.RelationStore
+    reactions: ports.ReactionStore
+    conv_settings: ports.ConvSettingStore
     keeper: Callable[[str, int, float], ports.LeaseKeeper]  # (node name, number, period)
     check_redis: Callable[[], Awaitable[None]]
     check_mongo: Callable[[], Awaitable[None]]
@@ -84,7 +90,7 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
                 heartbeat_ttl_s: float, room_history: tuple[int, float] = (100, 300.0),
                 encode_group_last: Callable[[GroupMessage], bytes],
                 encode_conv_last: Callable[[ChatMessage, str], bytes],
-                mongo_w: str = "majority",
+                mongo_w: str = "majority", reaction_shards: int = 4,
                 observe_mongo: CommandObserver | None = None) -> Stores:
     """Open the clients (lazily: nothing is sent until a store is used) and
     build the stores. ``encode_group_last`` makes the bytes a group's state
@@ -98,6 +104,7 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
     offline = OfflineRedis(redis, keys, limits, messages, encode_conv_last)
     groups = GroupsMongo(db)
     follows, posts = FollowsMongo(db), PostsMongo(db)
+    reactions, conv_settings = ReactionsMongo(db), ConvSettingsMongo(db)
 
     lease = NodeLeaseRedis(redis, keys, lease_ttl_s)
 
@@ -114,6 +121,8 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
         await messages.ensure_indexes()
         await groups.ensure_indexes()
         await ensure_feed_indexes(db)
+        await reactions.ensure_indexes()
+        await conv_settings.ensure_indexes()
 
     async def close() -> None:
         async with redis_guard():
@@ -137,4 +146,6 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
         presence=PresenceRedis(redis, keys), watches=WatchesRedis(redis, keys),
         quotas=QuotasRedis(redis, keys),
         relations=RelationsMongo(db, follows),
+        reactions=ReactionsRedis(redis, keys, reactions, reaction_shards),
+        conv_settings=ConvSettingsRedis(redis, keys, conv_settings),
         check_redis=offline.ping, check_mongo=check_mongo, prepare=prepare, close=close)

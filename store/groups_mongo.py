@@ -65,7 +65,8 @@ def group_message(d: dict[str, Any]) -> GroupMessage:
     """A stored ``group_msgs`` document (not a seq-filling tombstone) as a record."""
     recalled = bool(d.get("recalled"))
     return GroupMessage(d["g"], d["seq"], d["mid"], d["from"], d["cmid"],
-                        None if recalled else d.get("body"), bool(d.get("wd", False)), recalled)
+                        None if recalled else d.get("body"), bool(d.get("wd", False)), recalled,
+                        int(d.get("rt", 0)), int(d.get("ed", 0)), bool(d.get("rx")))
 
 
 class GroupsMongo:
@@ -244,6 +245,31 @@ class GroupsMongo:
                 {"$set": {"recalled": True}, "$unset": {"body": ""}})
         return None if d is None else group_message({**d, "recalled": True})
 
+    async def by_mid(self, mid: int) -> GroupMessage | None:
+        """The group message ``mid`` (the ``mid`` index), whatever its group."""
+        async with mongo_guard():
+            d = await self.msgs.find_one({"mid": mid, "dead": {"$ne": True}})
+        return None if d is None else group_message(d)
+
+    async def edit(self, group: str, seq: int, sender: str, body: bytes, at_ms: int) -> bool:
+        """As ``MessagesMongo.edit``, by the message's ``_id``."""
+        async with mongo_guard():
+            done = await self.msgs.update_one(
+                {"_id": msg_id(group, seq), "from": sender, "recalled": {"$ne": True},
+                 "$or": [{"ed": {"$exists": False}}, {"ed": {"$lt": at_ms}}]},
+                {"$set": {"body": body, "ed": at_ms}})
+        return done.matched_count > 0
+
+    async def mark_reacted(self, group: str, seq: int) -> None:
+        async with mongo_guard():
+            await self.msgs.update_one({"_id": msg_id(group, seq)}, {"$set": {"rx": True}})
+
+    async def reacted_among(self, mids: Sequence[int]) -> set[int]:
+        """Those of ``mids`` that have had reactions (the ``mid`` index)."""
+        async with mongo_guard():
+            return {int(d["mid"]) async for d in self.msgs.find(
+                {"mid": {"$in": list(mids)}, "rx": True}, {"mid": 1, "_id": 0})}
+
     async def sender_of(self, mid: int) -> str | None:
         async with mongo_guard():
             d = await self.msgs.find_one({"mid": mid, "dead": {"$ne": True}}, {"from": 1})
@@ -260,7 +286,8 @@ class GroupsMongo:
         """Write the messages; a resend of a stored (group, sender, cmid) gets the
         stored message back (its own seq is then filled with a tombstone)."""
         docs = [{"_id": msg_id(m.group, m.seq), "g": m.group, "seq": m.seq, "mid": m.mid,
-                 "from": m.sender, "cmid": m.cmid, "body": m.body, "wd": m.wd} for m in msgs]
+                 "from": m.sender, "cmid": m.cmid, "body": m.body, "wd": m.wd,
+                 **({"rt": m.reply_to} if m.reply_to else {})} for m in msgs]
         out: list[GroupMessage | BaseException] = list(msgs)
         dup, failed = await insert_each(self.msgs, docs)
         burned = [msgs[i] for i in sorted(dup | set(failed))]

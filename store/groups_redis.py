@@ -83,6 +83,7 @@ class GroupCacheRedis:
         self._rd = Lua("group_rd.lua")
         self._rd_after = Lua("group_rd_after.lua")
         self._frames = Lua("group_frames.lua")
+        self._edit = Lua("group_edit.lua")
 
     # -- members ---------------------------------------------------------------
     async def is_member(self, group: str, user: str) -> bool:
@@ -410,6 +411,14 @@ class GroupCacheRedis:
             await self._frames(self.redis, [self.keys.group_frames(group)],
                                [FRAMES_TTL_S, RD_FRAMES, "recall", seq, tombstone])
         await self._merge_numbers([(group, "0", GroupState(0, 0, None, 0, (seq,)))])
+
+    async def edited(self, group: str, seq: int, mid: int, frame: bytes, at_ms: int) -> None:
+        """``seq``'s kept frame goes (read from MongoDB again); the state's last
+        message, if it is this one, becomes ``frame`` (``group_edit.lua``)."""
+        async with redis_guard():
+            await self._edit(self.redis, [self.keys.group_state(group),
+                                          self.keys.group_frames(group)],
+                             [seq, mid, frame, at_ms])
 
     async def _rebuild_state(self, group: str) -> dict[bytes, bytes]:
         doc = await self.store.get(group) or {}

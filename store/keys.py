@@ -192,6 +192,20 @@ class Keys:
         return f"{self.ns}:pcd:{{pc:{shard}}}"
 
     # -- per room (hash tag = room id) ----------------------------------------
+    def reaction_counts(self, mid: int, shard: int) -> str:
+        """Hash: emoji -> count of one shard of a message's reactions, ``~`` once
+        built (``store/reactions_redis.py``; a tag per shard: they spread)."""
+        return f"{self.ns}:rxc:{{rx:{mid}:{shard}}}"
+
+    def reaction_users(self, mid: int, shard: int) -> str:
+        """Set of "user|emoji" of the same shard (same slot as its counts)."""
+        return f"{self.ns}:rxu:{{rx:{mid}:{shard}}}"
+
+    def conv_settings(self, user: str) -> str:
+        """Hash: conv -> the user's settings of it ("m", "p", "a" letters), ``~``
+        once complete (``store/conv_settings.py``)."""
+        return f"{self.ns}:cs:{{{user}}}"
+
     def room_online(self, room: str) -> str:
         """Hash: node name -> that node's local member count of ``room``."""
         return f"{self.ns}:ro:{{{room}}}"

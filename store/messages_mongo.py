@@ -67,14 +67,20 @@ def box_id(owner: str, mid: int) -> str:
 
 def body_doc(m: ChatMessage) -> dict[str, Any]:
     """``n``: the node that issued the mid (its node bits), for ``between``."""
-    return {"_id": m.mid, "n": node_of(m.mid), "from": m.sender, "to": m.to, "cmid": m.cmid,
-            "body": m.body}
+    doc = {"_id": m.mid, "n": node_of(m.mid), "from": m.sender, "to": m.to, "cmid": m.cmid,
+           "body": m.body}
+    if m.reply_to:
+        doc["rt"] = m.reply_to
+    return doc
 
 
 def chat_message(d: dict[str, Any]) -> ChatMessage:
+    """``rt``: the mid it replies to; ``ed``: when it was last edited (unix ms);
+    ``rx``: it has had reactions."""
     recalled = bool(d.get("recalled"))
     return ChatMessage(d["_id"], d["from"], d["to"], d["cmid"],
-                       None if recalled else d.get("body"), recalled)
+                       None if recalled else d.get("body"), recalled, int(d.get("rt", 0)),
+                       int(d.get("ed", 0)), bool(d.get("rx")))
 
 
 def box_docs(m: ChatMessage, mid: int) -> list[dict[str, Any]]:
@@ -195,6 +201,26 @@ class MessagesMongo:
             d = await self.messages.find_one_and_update(
                 {"_id": mid, "from": sender}, {"$set": {"recalled": True}, "$unset": {"body": ""}})
         return None if d is None else chat_message({**d, "recalled": True})
+
+    async def edit(self, mid: int, sender: str, body: bytes, at_ms: int) -> bool:
+        """``sender``'s message ``mid`` gets ``body``, edited at ``at_ms``: not a
+        recalled one, nor over an edit made later. False: nothing changed."""
+        async with mongo_guard():
+            done = await self.messages.update_one(
+                {"_id": mid, "from": sender, "recalled": {"$ne": True},
+                 "$or": [{"ed": {"$exists": False}}, {"ed": {"$lt": at_ms}}]},
+                {"$set": {"body": body, "ed": at_ms}})
+        return done.matched_count > 0
+
+    async def mark_reacted(self, mid: int) -> None:
+        async with mongo_guard():
+            await self.messages.update_one({"_id": mid}, {"$set": {"rx": True}})
+
+    async def reacted_among(self, mids: Sequence[int]) -> set[int]:
+        """Those of ``mids`` that have had reactions (by ``_id``)."""
+        async with mongo_guard():
+            return {int(d["_id"]) async for d in self.messages.find(
+                {"_id": {"$in": list(mids)}, "rx": True}, {"_id": 1})}
 
     async def sender_of(self, mid: int) -> str | None:
         async with mongo_guard():

@@ -37,6 +37,7 @@ from store.records import (
     Erasure,
     InboxLimits,
     OfflinePage,
+    Rewrite,
 )
 from store.redis_client import Batch, Lua, RedisClient, cluster_state, redis_guard
 
@@ -73,11 +74,13 @@ class OfflineRedis:
         self._page = Lua("offline_page.lua")
         self._fill_offline = Lua("offline_fill.lua")
         self._convs = Lua("conversations.lua")
+        self._convs_of = Lua("conversations_of.lua")
         # One rebuild per user at a time on this node: the calls that find the
         # keys incomplete meanwhile wait for it (after a Redis loss every call
         # of a user would otherwise read the same box from MongoDB again).
         self._rebuilding: dict[str, asyncio.Future[bool]] = {}
         self._erase = Lua("erase.lua")
+        self._rewrite = Lua("rewrite.lua")
 
     # -- delivery ------------------------------------------------------------
     async def deliver(
@@ -147,6 +150,18 @@ class OfflineRedis:
                               e.frame_mid, unread_member(e.conv, e.mid), ttl])
             await batch.execute()
 
+    async def rewrite(self, rewrites: Sequence[Rewrite]) -> None:
+        """Edited messages' new frames (``rewrite.lua``), one round trip."""
+        k = self.keys
+        ttl = self.limits.user_key_ttl_s
+        async with redis_guard():
+            batch = Batch(self.redis)
+            for r in rewrites:
+                batch.script(self._rewrite, [k.offline(r.user), k.convs(r.user),
+                                             k.conv_last(r.user), k.offline_meta(r.user)],
+                             [r.mid, r.conv, r.frame, r.preview, r.edited, ttl])
+            await batch.execute()
+
     async def ack(self, user: str, *, mids: Sequence[int] = (), upto: int = -1) -> None:
         args: list[Any] = ["upto", upto] if upto >= 0 else ["mids", *mids]
         async with redis_guard():
@@ -204,6 +219,20 @@ class OfflineRedis:
             for i in range(2, len(raw), 4)
         ]
         return int(raw[1]), rows
+
+    async def conversations_of(self, user: str, convs: Sequence[str]
+                               ) -> list[ConversationRow]:
+        if not convs:
+            return []
+        raw = await self._of(user, convs)
+        if not raw[0] and await self._rebuild(user):
+            raw = await self._of(user, convs)
+        return [ConversationRow(raw[i].decode(), int(float(raw[i + 1])), int(raw[i + 2]),
+                                raw[i + 3] or None) for i in range(1, len(raw), 4)]
+
+    async def _of(self, user: str, convs: Sequence[str]) -> list[Any]:
+        async with redis_guard():
+            return list(await self._convs_of(self.redis, keys=self._inbox(user), args=convs))
 
     async def _conversations(self, user: str, count: int, upto: int | None) -> list[Any]:
         async with redis_guard():

@@ -15,6 +15,7 @@ from typing import Protocol
 from core.errors import Unavailable
 from core.room_history import RoomLog
 from store.feed_ports import CounterStore, Doc, FeedCache, FollowStore, PostStore, TimelineStore
+from store.message_ports import ConvSettingStore, ReactionStore
 from store.records import (
     Beat,
     ChatMessage,
@@ -26,6 +27,7 @@ from store.records import (
     GroupState,
     Membership,
     OfflinePage,
+    Rewrite,
     Sanctions,
     StoredMessage,
 )
@@ -49,6 +51,8 @@ __all__ = [
     "SanctionStore",
     "TimelineStore",
     "WatchStore",
+    "ReactionStore",
+    "ConvSettingStore",
 ]
 
 
@@ -77,6 +81,11 @@ class OfflineStore(Protocol):
         """Recalled or deleted messages out of users' Redis views (unread fixed)."""
         ...
 
+    async def rewrite(self, rewrites: Sequence[Rewrite]) -> None:
+        """Edited messages' new frames in users' Redis views (never over a
+        recall's tombstone or a later edit)."""
+        ...
+
     async def ack(self, user: str, *, mids: Sequence[int] = (), upto: int = -1) -> None: ...
 
     async def page(self, user: str, since: int, count: int) -> OfflinePage: ...
@@ -92,6 +101,11 @@ class OfflineStore(Protocol):
                             ) -> tuple[int, list[ConversationRow]]:
         """(total unread, the ``count`` newest conversations with a last mid of
         at most ``upto``)."""
+        ...
+
+    async def conversations_of(self, user: str, convs: Sequence[str]
+                               ) -> list[ConversationRow]:
+        """The rows of these conversations of ``user`` (those in its list)."""
         ...
 
     async def ping(self) -> None: ...
@@ -113,6 +127,14 @@ class MessageStore(Protocol):
         ...
 
     async def sender_of(self, mid: int) -> str | None: ...
+
+    async def edit(self, mid: int, sender: str, body: bytes, at_ms: int) -> bool:
+        """The sender's new body, unless recalled or edited later meanwhile."""
+
+    async def mark_reacted(self, mid: int) -> None:
+        """The message has had reactions (their counts are the reaction store's)."""
+
+    async def reacted_among(self, mids: Sequence[int]) -> set[int]: ...
 
     async def get(self, mid: int) -> ChatMessage | None:
         """The 1:1 message ``mid`` (recalled: without body), or None."""
@@ -427,6 +449,16 @@ class GroupStore(Protocol):
 
     async def sender_of(self, mid: int) -> str | None: ...
 
+    async def by_mid(self, mid: int) -> GroupMessage | None:
+        """The group message ``mid``, whatever its group."""
+
+    async def edit(self, group: str, seq: int, sender: str, body: bytes, at_ms: int) -> bool:
+        """As ``MessageStore.edit``."""
+
+    async def mark_reacted(self, group: str, seq: int) -> None: ...
+
+    async def reacted_among(self, mids: Sequence[int]) -> set[int]: ...
+
     async def recalled_seqs(self, group: str, limit: int) -> list[int]: ...
 
     async def allocate(self, group: str, n: int, lastmid: int, rdmid: int) -> int:
@@ -502,6 +534,11 @@ class GroupCache(Protocol):
 
     async def recalled(self, group: str, seq: int, mid: int, tombstone: bytes) -> None:
         """A recalled message leaves members' unread (and the state's last)."""
+        ...
+
+    async def edited(self, group: str, seq: int, mid: int, frame: bytes, at_ms: int) -> None:
+        """An edited message's kept frame goes; the state's last, if it is it,
+        becomes ``frame``."""
         ...
 
     async def created(self, group: str) -> None: ...

@@ -14,6 +14,7 @@ __all__ = [
     "Beat",
     "Sanctions",
     "ChatMessage",
+    "ConvSettings",
     "ConversationRow",
     "Delivery",
     "GroupMessage",
@@ -21,6 +22,7 @@ __all__ = [
     "InboxLimits",
     "Membership",
     "OfflinePage",
+    "Rewrite",
     "StoredMessage",
 ]
 
@@ -35,6 +37,9 @@ class ChatMessage:
     cmid: str
     body: Any  # None once recalled
     recalled: bool = False
+    reply_to: int = 0  # the mid of the message of this conversation it answers (0: none)
+    edited: int = 0  # unix ms of its last edit (0: never edited)
+    reacted: bool = False  # it has had reactions (their counts are the reaction store's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +64,9 @@ class GroupMessage:
     body: Any  # None once recalled
     wd: bool  # also written to every member's box (write diffusion)
     recalled: bool = False
+    reply_to: int = 0
+    edited: int = 0
+    reacted: bool = False
 
 
 StoredMessage = ChatMessage | GroupMessage  # what a box page holds
@@ -139,6 +147,31 @@ class Sanctions:
 
     banned_until: float = 0.0
     revoked_before: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """An edited message's new frame in one user's Redis view
+    (``OfflineStore.rewrite``): its offline entry and, where it is the
+    conversation's last message, the list's preview. ``edited`` (unix ms)
+    orders rewrites: an older one never replaces a newer, and none replaces a
+    recalled message's tombstone."""
+
+    user: str
+    conv: str  # as the user names it
+    mid: int
+    frame: bytes
+    preview: bytes
+    edited: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConvSettings:
+    """A user's settings of one conversation (all False: none stored)."""
+
+    muted: bool = False
+    pinned: bool = False
+    archived: bool = False
 
 
 @dataclass(frozen=True, slots=True)

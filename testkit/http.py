@@ -57,6 +57,9 @@ class HttpUser:
     async def delete(self, path: str, **kw: Any) -> httpx.Response:
         return await self.request("DELETE", path, **kw)
 
+    async def patch(self, path: str, **kw: Any) -> httpx.Response:
+        return await self.request("PATCH", path, **kw)
+
     async def ok(self, method: str, path: str, **kw: Any) -> Any:
         """The decoded answer; HttpError unless it is a 200. A 503 (``unavailable``:
         a store that timed out under the test run's load) is asked again, as a

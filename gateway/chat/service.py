@@ -123,14 +123,20 @@ class ChatService:
 
     # -- send ----------------------------------------------------------------
     async def send(self, sender: str, to: str, cmid: str, body: Any, *,
-                   vet: Vet | None = None) -> SendResult:
+                   vet: Vet | None = None, reply_to: int = 0) -> SendResult:
         """Store a message durably; raises ``Unavailable`` if that cannot be done.
         ``vet`` (the product's hook) decides on the body before it is stored,
-        and is not asked again for a resend already acked."""
+        and is not asked again for a resend already acked. ``reply_to``: a
+        message of this conversation (else ``bad_request``, nothing stored)."""
         if to == sender:
             raise ProtocolError("bad_request", "to must be another user")
         if to.startswith("g:"):
             raise ProtocolError("bad_request", "ids starting with 'g:' name groups")
+        if reply_to:
+            quoted = await self.messages.get(reply_to)
+            if quoted is None or {quoted.sender, quoted.to} != {sender, to}:
+                raise ProtocolError("bad_request",
+                                    "reply_to must be a message of this conversation")
         mid = self.mids.next()
         prior = await self.claims.claim(sender, cmid, mid)
         if prior is not None:
@@ -151,7 +157,7 @@ class ChatService:
         for m in inflight:
             self.inflight.add(m)  # sync cursors stay below it until it is acked
         try:
-            msg = ChatMessage(mid, sender, to, cmid, body)
+            msg = ChatMessage(mid, sender, to, cmid, body, reply_to=reply_to)
             stored = await self._writes.submit(msg)
             if stored != mid:  # MongoDB already had this cmid under its original mid
                 msg = replace(msg, mid=stored)
@@ -251,8 +257,8 @@ class ChatService:
 
     async def sync_rows(self, user: str, since: int, count: int) -> list[tuple[int, Any]]:
         """(mid, entry) after ``since``, oldest first: the offline store when it can
-        vouch for the range (its stored bytes, as ``orjson.Fragment``), else the
-        MongoDB boxes; MongoDB alone while Redis is down."""
+        vouch for the range (its stored frames, as bytes), else the MongoDB
+        boxes (frames as dicts); MongoDB alone while Redis is down."""
         try:
             page = await self.offline.page(user, since, count)
         except Unavailable:
@@ -260,7 +266,7 @@ class ChatService:
         age = max(0.0, time.time() - mid_time_ms(since) / 1000) if since else 604_800.0
         if page is not None and page.complete:
             self.metrics.sync_reads.labels("redis").observe(age)
-            return [(mid, orjson.Fragment(raw)) for mid, raw in page.rows]
+            return list(page.rows)
         self.metrics.sync_reads.labels("mongo").observe(age)
         if page is None:  # Redis is down: this page only
             return [(m.mid, frame_of(m, user)) for m in
@@ -326,6 +332,17 @@ class ChatService:
         except Unavailable:  # the list still answers; without the marks
             marks = None
         return total, [((r.mid, r.conv), _row(r, marks)) for r in rows]
+
+
+    async def rows_of(self, user: str, convs: list[str]
+                      ) -> list[tuple[Position, dict[str, Any]]]:
+        """The conversation-list rows of these 1:1 conversations (pinned ones)."""
+        rows = await self.offline.conversations_of(user, convs)
+        try:
+            marks = await self.messages.peer_read_marks(user, [r.conv for r in rows])
+        except Unavailable:
+            marks = None
+        return [((r.mid, r.conv), _row(r, marks)) for r in rows]
 
 
 def _row(r: ConversationRow, marks: dict[str, int] | None) -> dict[str, Any]:

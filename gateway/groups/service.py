@@ -90,6 +90,7 @@ class _Pending:
     cmid: str
     body: Any
     mid: int
+    reply_to: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +143,8 @@ class GroupService:
 
     # -- send ----------------------------------------------------------------------
     async def send(self, sender: str, group: str, cmid: str, body: Any, *,
-                   as_server: bool = False, vet: Vet | None = None) -> GroupSendResult:
+                   as_server: bool = False, vet: Vet | None = None,
+                   reply_to: int = 0) -> GroupSendResult:
         """``as_server``: the product's backend sends as ``sender``, who need not
         be a member (the group must exist). A dissolved group is ``not_found``:
         here when it is seen, else when its seq is allocated (``_flush``)."""
@@ -152,6 +154,8 @@ class GroupService:
                 raise ProtocolError("not_found", "no such group")
             if not as_server:
                 raise ProtocolError("forbidden", "not a member of this group")
+        if reply_to and await self.store.message(group, reply_to) is None:
+            raise ProtocolError("bad_request", "reply_to must be a message of this conversation")
         mid = self.mids.next()
         prior = await self.claims.claim(sender, cmid, mid)
         if prior is not None:
@@ -164,7 +168,7 @@ class GroupService:
             body = await vet(body)
         self.inflight.add(mid)  # sync cursors stay below it until it is acked
         try:
-            done = await self._writes.submit(_Pending(group, sender, cmid, body, mid))
+            done = await self._writes.submit(_Pending(group, sender, cmid, body, mid, reply_to))
         except BaseException:
             self.inflight.failed(mid, time.monotonic())
             raise
@@ -227,7 +231,7 @@ class GroupService:
             for i, seq in groupseq.assign(idx, end):
                 it = items[i]
                 allocated.append(GroupMessage(g, seq, it.mid, it.sender, it.cmid, it.body,
-                                              g in small))
+                                              g in small, reply_to=it.reply_to))
                 where.append(i)
         if not allocated:
             return out
@@ -468,6 +472,24 @@ class GroupService:
             return await self.cache.user_groups(user), True
         return await self.cache.user_groups_among(user, news), False
 
+    async def rows_of(self, user: str, groups: list[str]
+                      ) -> list[tuple[Position, dict[str, Any]]]:
+        """The conversation-list rows of these groups of the user (pinned ones)."""
+        view, read = await self._view(user)
+        found = [row for g in groups if (row := view.index.find(f"g:{g}")) is not None]
+        return await self._rows(found)
+
+    async def _rows(self, head: list[tuple[Position, int]]
+                    ) -> list[tuple[Position, dict[str, Any]]]:
+        full = await self.cache.states([pos[1][2:] for pos, _ in head if pos[0]])
+        rows: list[tuple[Position, dict[str, Any]]] = []
+        for (mid, conv), unread in head:
+            known = full.get(conv[2:])
+            last = known.last if known is not None and mid else None
+            rows.append(((mid, conv), {"conv": conv, "unread": unread,
+                                       "last": orjson.Fragment(last) if last else None}))
+        return rows
+
     async def conversation_rows(self, user: str, limit: int, after: Position | None = None
                                 ) -> tuple[int, list[tuple[Position, dict[str, Any]]], int]:
         """(total unread over the user's groups, [(position, row)]): the ``limit +
@@ -479,11 +501,4 @@ class GroupService:
         if not len(view.index):
             return 0, [], read
         head = view.index.newest(limit + 1, after)
-        full = await self.cache.states([pos[1][2:] for pos, _ in head if pos[0]])
-        rows: list[tuple[Position, dict[str, Any]]] = []
-        for (mid, conv), unread in head:
-            known = full.get(conv[2:])
-            last = known.last if known is not None and mid else None
-            rows.append(((mid, conv), {"conv": conv, "unread": unread,
-                                       "last": orjson.Fragment(last) if last else None}))
-        return view.total, rows, read
+        return view.total, await self._rows(head), read

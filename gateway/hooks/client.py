@@ -80,6 +80,16 @@ class Hooks:
         return await self._decide("send", {"hook": "send", "user": user, **target, "cmid": cmid,
                                            "body": orjson.Fragment(body)}, body)
 
+    async def edit(self, user: str, target: dict[str, str], cmid: str, mid: int,
+                   body: bytes) -> bytes:
+        """An edit's new body goes through the ``send`` hook (a hook that vets what
+        is sent vets what a message is edited into): its payload is a send's
+        with ``edit``, the mid of the message edited."""
+        if not self.on("send"):
+            return body
+        return await self._decide("send", {"hook": "send", "user": user, **target, "cmid": cmid,
+                                           "edit": mid, "body": orjson.Fragment(body)}, body)
+
     async def room_send(self, user: str, room: str, body: bytes) -> bytes:
         if not self.on("room_send"):
             return body

@@ -52,6 +52,7 @@ from gateway.http.devices import install_devices
 from gateway.http.feed import install_feed
 from gateway.http.groups import install_groups
 from gateway.http.guard import HttpGuard, HttpLimits, error_bytes
+from gateway.http.messages import install_message_features
 from gateway.http.models import (
     ConversationList,
     Health,
@@ -174,6 +175,8 @@ def build_http(deps: HttpDeps) -> FastAPI:
         install_contacts(app, deps.relations)
     if deps.devices is not None:
         install_devices(app, deps.devices)
+    if deps.ops is not None and deps.ops.features is not None:
+        install_message_features(app, deps.ops)
     if deps.server is not None:
         install_server_api(app, deps.server)
     _demo(app)

@@ -19,6 +19,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     WithJsonSchema,
 )
@@ -152,6 +153,11 @@ class Message(BaseModel):
     seq: int | None = None
     body: Any = None
     ts: int
+    reply_to: int | None = Field(None, description="the mid of the message of this "
+                                 "conversation it answers")
+    edited: int | None = Field(None, description="when it was last edited (unix ms)")
+    reactions: dict[str, int] | None = Field(None, description="emoji -> count; absent "
+                                             "without reactions")
 
 
 class SyncPage(BaseModel):
@@ -172,11 +178,36 @@ class Conversation(BaseModel):
     peer_read: int | None = Field(None, description="1:1 only: the highest mid the peer "
                                   "has read (0: none yet); absent for groups, and when the "
                                   "store could not be asked")
+    muted: bool = Field(False, description="the caller muted it: no offline push events")
+    pinned: bool = Field(False, description="pinned: listed first on the first page")
+    archived: bool = False
 
 
 class ConversationList(BaseModel):
     total_unread: int
     conversations: list[Conversation]
+    cursor: str | None = Field(description="the next page's `cursor`; null on the last page")
+
+
+class ConvSettingsPatch(BaseModel):
+    """Any of the three; those left out stay as they are."""
+
+    model_config = ConfigDict(extra="forbid")
+    muted: StrictBool | None = None
+    pinned: StrictBool | None = None
+    archived: StrictBool | None = None
+
+
+class ConvSettingsOut(BaseModel):
+    ok: Literal[True]
+    conv: str
+    muted: bool
+    pinned: bool
+    archived: bool
+
+
+class ReactionUsers(BaseModel):
+    users: list[str] = Field(description="who reacted with the emoji, in id order")
     cursor: str | None = Field(description="the next page's `cursor`; null on the last page")
 
 

@@ -22,6 +22,7 @@ from fastapi import FastAPI, Security
 from fastapi.security import APIKeyHeader
 from pydantic import Field, StrictInt
 
+from core.ids import MAX_MID
 from gateway import frames
 from gateway.chat.service import ChatService
 from gateway.contacts.service import Relations
@@ -75,6 +76,8 @@ class ServerSend(_Body):
     to: UserId
     cmid: Id
     body: Any
+    reply_to: Annotated[StrictInt | None, Field(ge=1, le=MAX_MID, description="a mid of this "
+                                                "conversation the message answers")] = None
 
 
 class ServerGroupSend(_Body):
@@ -82,6 +85,8 @@ class ServerGroupSend(_Body):
     group: Id
     cmid: Id
     body: Any
+    reply_to: Annotated[StrictInt | None, Field(ge=1, le=MAX_MID, description="a mid of this "
+                                                "group the message answers")] = None
 
 
 class RoomPublish(_Body):
@@ -146,7 +151,8 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
         body = encode_body(req.body, d.max_body)
         vetted = [body]
         vet = send_vet(d.hooks, req.from_, {"to": req.to}, req.cmid, vetted)
-        result = await d.chat.send(req.from_, req.to, req.cmid, body, vet=vet)
+        result = await d.chat.send(req.from_, req.to, req.cmid, body, vet=vet,
+                                   reply_to=req.reply_to or 0)
         confirms: list[asyncio.Future[None]] = []
         push_sent(d.pusher, d.events, req.from_, req.to, result, vetted[0], confirms=confirms)
         await handed_over(confirms, d.push_confirm_s)
@@ -160,7 +166,8 @@ def install_server_api(app: FastAPI, deps: ServerDeps) -> None:
         vetted = [body]
         result = await d.groups.send(
             req.from_, req.group, req.cmid, body, as_server=True,
-            vet=send_vet(d.hooks, req.from_, {"group": req.group}, req.cmid, vetted))
+            vet=send_vet(d.hooks, req.from_, {"group": req.group}, req.cmid, vetted),
+            reply_to=req.reply_to or 0)
         confirms: list[asyncio.Future[None]] = []
         push_group_sent(d.pusher, d.events, req.from_, req.group, result, vetted[0],
                         confirms=confirms)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from core import inbox
 from core.cursors import next_cursor
 from core.ids import mid_for_time_ms
@@ -20,6 +22,9 @@ from core.seek_cursor import BadCursor, decode_cursor, encode_cursor
 from gateway.chat.service import ChatService
 from gateway.errors import ProtocolError
 from gateway.groups.service import GroupService
+from gateway.inbox.reactions import Reactions
+from store.ports import ConvSettingStore
+from store.records import ConvSettings
 
 __all__ = ["Conversations", "SyncPage"]
 
@@ -40,9 +45,13 @@ class SyncPage:
 
 class Conversations:
     def __init__(self, chat: ChatService, groups: GroupService, sync_settle_ms: int,
-                 low_mark: Callable[[], int | None] = lambda: None) -> None:
+                 low_mark: Callable[[], int | None] = lambda: None,
+                 reactions: Reactions | None = None,
+                 settings: ConvSettingStore | None = None) -> None:
         self.chat = chat
         self.groups = groups
+        self.reactions = reactions  # counts added to sync and history (None: none)
+        self.settings = settings  # muted / pinned / archived (None: none)
         self.sync_settle_ms = sync_settle_ms
         # The oldest mid a send on any node may still store (``core.inflight``).
         self.low_mark = low_mark
@@ -65,8 +74,17 @@ class Conversations:
     async def history(self, user: str, conv: str, before: int | None, limit: int
                       ) -> tuple[list[dict[str, Any]], int | None]:
         if conv.startswith(GROUP_PREFIX):
-            return await self.groups.history(user, conv[len(GROUP_PREFIX):], before, limit)
-        return await self.chat.history(user, conv, before, limit)
+            page, cursor = await self.groups.history(user, conv[len(GROUP_PREFIX):], before,
+                                                     limit)
+        else:
+            page, cursor = await self.chat.history(user, conv, before, limit)
+        return await self._with_reactions(page, [int(f["mid"]) for f in page]), cursor
+
+    async def _with_reactions(self, msgs: list[Any], mids: list[int]) -> list[Any]:
+        """Counts added (``Reactions.attach``); stored bytes as ``orjson.Fragment``."""
+        if self.reactions is not None:
+            return await self.reactions.attach(msgs, mids)
+        return [orjson.Fragment(m) if isinstance(m, bytes) else m for m in msgs]
 
     async def sync(self, user: str, since: int, limit: int) -> SyncPage:
         """Messages after ``since``, oldest first: the user's own store (1:1 and
@@ -77,6 +95,7 @@ class Conversations:
         if cut is not None:  # the groups' side stopped below it: so does this page
             rows = [r for r in rows if r[0] < cut]
         msgs, mids, more = inbox.merge_sync(rows, extra, limit)
+        msgs = await self._with_reactions(msgs, mids)
         more = more or cut is not None
         horizon = mid_for_time_ms(int(time.time() * 1000) - self.sync_settle_ms)
         low = self.low_mark()
@@ -89,10 +108,26 @@ class Conversations:
         """1:1 conversations and groups, newest first, ``limit`` a page; the
         total covers both. ``cursor``: the previous page's."""
         after = None if cursor is None else _position(user, cursor)
-        total, direct = await self.chat.conversation_rows(user, limit, after)
-        group_total, group_rows, groups = await self.groups.conversation_rows(user, limit, after)
+        mine = await self.settings.of_user(user) if self.settings is not None else {}
+        pinned = {c for c, v in mine.items() if v.pinned}
+        # Pinned conversations lead the first page and are left out of the
+        # others: each side reads as many more rows as there are.
+        extra = len(pinned)
+        total, direct = await self.chat.conversation_rows(user, limit + extra, after)
+        group_total, group_rows, groups = await self.groups.conversation_rows(
+            user, limit + extra, after)
         self.charge(user, groups)
-        rows, last = inbox.conversation_page([*direct, *group_rows], limit, after)
+        rows, last = inbox.conversation_page(
+            [r for r in [*direct, *group_rows] if r[0][1] not in pinned], limit, after)
+        if pinned and after is None:
+            top = [*await self.chat.rows_of(user, sorted(c for c in pinned
+                                                         if not c.startswith(GROUP_PREFIX))),
+                   *await self.groups.rows_of(user, sorted(c[len(GROUP_PREFIX):] for c in pinned
+                                                           if c.startswith(GROUP_PREFIX)))]
+            rows = [row for _, row in sorted(top, key=lambda r: r[0], reverse=True)] + rows
+        for row in rows:
+            value = mine.get(row["conv"], ConvSettings())
+            row.update(muted=value.muted, pinned=value.pinned, archived=value.archived)
         return {"total_unread": total + group_total, "conversations": rows,
                 "cursor": None if last is None else encode_cursor(
                     _scope(user), f"{last[0]}|{last[1]}")}

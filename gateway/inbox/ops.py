@@ -1,6 +1,8 @@
 """What a user does to messages already stored, and who is told: ``read``
 (the reader's other devices follow, the 1:1 peer gets a ``receipt``),
-``recall`` (a tombstone for both sides, ``recalled`` pushed), delete for me.
+``recall`` (a tombstone for both sides, ``recalled`` pushed), ``edit``
+(``edited`` pushed), ``react`` (``reaction`` pushed), delete for me; and a
+user's settings of a conversation (its devices get ``conv_settings``).
 
 One route look-up for everyone told, then the router's batched push (one
 envelope per node). The WebSocket ops and the HTTP calls share it.
@@ -9,7 +11,8 @@ envelope per node). The WebSocket ops and the HTTP calls share it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from core.ids import mid_time_ms
@@ -19,10 +22,15 @@ from gateway.chat.service import ChatService
 from gateway.contacts.service import Relations
 from gateway.errors import ProtocolError
 from gateway.groups.service import GroupService
+from gateway.hooks.client import Hooks
 from gateway.hub import Client
 from gateway.inbox.conversations import GROUP_PREFIX, Conversations
+from gateway.inbox.edits import Edits
+from gateway.inbox.reactions import Reactions
 from gateway.presence.subs import PresenceSubs
 from gateway.presence.watch import PresenceQuery
+from store.ports import ConvSettingStore, GroupCache
+from store.records import ChatMessage, ConvSettings, GroupMessage
 
 __all__ = ["MessageOps", "Notifier"]
 
@@ -39,12 +47,25 @@ class Notifier(Protocol):
                       ) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Features:
+    """Edit, reactions and conversation settings (``MessageOps``'s)."""
+
+    edits: Edits
+    reactions: Reactions
+    settings: ConvSettingStore
+    group_cache: GroupCache
+    pinned_max: int
+    hooks: Hooks | None = None
+
+
 class MessageOps:
     def __init__(self, conversations: Conversations, chat: ChatService, groups: GroupService,
                  notifier: Notifier,
                  recall_window_s: float, in_group_here: Callable[[str, int], bool],
                  watchers: PresenceSubs, presence: PresenceQuery,
-                 relations: Relations | None = None) -> None:
+                 relations: Relations | None = None,
+                 features: Features | None = None) -> None:
         self.conversations = conversations
         self.chat = chat
         self.groups = groups
@@ -55,6 +76,7 @@ class MessageOps:
         self.watchers = watchers
         self.presence = presence
         self.relations = relations  # who may reach whom (None: everyone, everyone)
+        self.features = features
 
     async def presence_sub(self, client: Client, users: list[str], rid: object
                            ) -> dict[str, dict[str, object]]:
@@ -153,3 +175,72 @@ class MessageOps:
     async def forget(self, user: str, mid: int) -> None:
         """Delete for me: out of the caller's box, sync and history only."""
         await self.chat.forget(user, mid)
+
+    # -- edit, react, conversation settings ------------------------------------------
+    def _features(self) -> Features:
+        if self.features is None:
+            raise ProtocolError("bad_request", "not served by this node")
+        return self.features
+
+    async def edit(self, user: str, mid: int, body: bytes) -> None:
+        """The sender's new body (the ``send`` hook vets it first): both users'
+        devices, or the group's members online, get ``edited``."""
+        f = self._features()
+        hooks = f.hooks if f.hooks is not None and f.hooks.on("send") else None
+
+        async def vet(m: ChatMessage | GroupMessage, given: bytes) -> bytes:
+            assert hooks is not None
+            target = {"to": m.to} if isinstance(m, ChatMessage) else {"group": m.group}
+            return await hooks.edit(user, target, m.cmid, m.mid, given)
+
+        done = await f.edits.edit(user, mid, body, vet if hooks is not None else None)
+        m, at = done.msg, done.at_ms
+        new = m.body if isinstance(m.body, bytes) else body
+        if isinstance(m, ChatMessage):
+            await self.notifier.push_frames([
+                (m.sender, frames.edited(mid, m.to, new, at)),
+                (m.to, frames.edited(mid, m.sender, new, at))])
+        else:
+            self.notifier.publish_group(m.group, frames.edited(mid, f"g:{m.group}", new, at))
+
+    async def react(self, user: str, mid: int, emoji: str, on: bool) -> None:
+        """Add or remove ``user``'s ``emoji``: if that changed anything, both
+        users' devices (or the group's members online) get ``reaction``."""
+        done = await self._features().reactions.react(user, mid, emoji, on)
+        if not done.changed:
+            return
+        m = done.msg
+        if isinstance(m, ChatMessage):
+            await self.notifier.push_frames([
+                (m.sender, frames.reaction(mid, m.to, user, emoji, on)),
+                (m.to, frames.reaction(mid, m.sender, user, emoji, on))])
+        else:
+            self.notifier.publish_group(
+                m.group, frames.reaction(mid, f"g:{m.group}", user, emoji, on))
+
+    async def reaction_users(self, user: str, mid: int, emoji: str, after: str | None,
+                             limit: int) -> list[str]:
+        return await self._features().reactions.users(user, mid, emoji, after, limit)
+
+    async def set_conversation(self, user: str, conv: str, changes: Mapping[str, bool]
+                               ) -> ConvSettings:
+        """Change some of ``user``'s settings of ``conv``; all its devices get
+        ``conv_settings`` with the three of them."""
+        f = self._features()
+        if conv == user:
+            raise ProtocolError("bad_request", "conv must be another user or g:GROUP")
+        if conv.startswith(GROUP_PREFIX) and not await f.group_cache.is_member(
+                conv[len(GROUP_PREFIX):], user):
+            raise ProtocolError("forbidden", "not a member of this group")
+        mine = await f.settings.of_user(user)
+        old = mine.get(conv, ConvSettings())
+        new = replace(old, **changes)
+        if new.pinned and not old.pinned and \
+                sum(1 for v in mine.values() if v.pinned) >= f.pinned_max:
+            raise ProtocolError("forbidden", f"at most {f.pinned_max} conversations may be "
+                                "pinned (IM_PINNED_MAX)")
+        if new != old:
+            await f.settings.put(user, conv, new)
+        await self.notifier.push_frames([(user, frames.conv_settings(conv, {
+            "muted": new.muted, "pinned": new.pinned, "archived": new.archived}))])
+        return new

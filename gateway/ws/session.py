@@ -250,10 +250,12 @@ class Sessions:
         not for a resend already acked); the receiver becomes a contact."""
         vet = send_vet(self.hooks, sender, {"to": f.to}, f.cmid, body)
         if self.relations is None:
-            return await self.chat.send(sender, f.to, f.cmid, f.body, vet=vet)
+            return await self.chat.send(sender, f.to, f.cmid, f.body, vet=vet,
+                                        reply_to=f.reply_to)
         if f.to != sender and not f.to.startswith("g:"):  # else chat.send says why not
             await self.relations.check_send(sender, f.to)
-        result = await self.chat.send(sender, f.to, f.cmid, f.body, vet=vet)
+        result = await self.chat.send(sender, f.to, f.cmid, f.body, vet=vet,
+                                      reply_to=f.reply_to)
         with contextlib.suppress(Unavailable):  # written again at the next send
             await self.relations.sent(sender, f.to)
         return result
@@ -263,7 +265,7 @@ class Sessions:
         vet = send_vet(self.hooks, client.user, {"group": f.group}, f.cmid, body)
         result = await self._guarded(
             client, f.id, lambda: self.groups.send(client.user, f.group, f.cmid, f.body,
-                                                   vet=vet))
+                                                   vet=vet, reply_to=f.reply_to))
         if result is None:
             return
         confirms: list[asyncio.Future[None]] = []
@@ -284,6 +286,22 @@ class Sessions:
             return True
 
         if await self._guarded(client, f.id, recall):
+            self._send_bytes(client, frames.ok(f.id))
+
+    async def op_edit(self, client: Client, f: p.Edit) -> None:
+        async def edit() -> bool:
+            await self.ops.edit(client.user, f.mid, f.body)
+            return True
+
+        if await self._guarded(client, f.id, edit):
+            self._send_bytes(client, frames.ok(f.id))
+
+    async def op_react(self, client: Client, f: p.React) -> None:
+        async def react() -> bool:
+            await self.ops.react(client.user, f.mid, f.emoji, f.on)
+            return True
+
+        if await self._guarded(client, f.id, react):
             self._send_bytes(client, frames.ok(f.id))
 
     async def op_presence_sub(self, client: Client, f: p.PresenceSub) -> None:

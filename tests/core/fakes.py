@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
+
+import orjson
 
 from core import dedup
 from core.errors import Unavailable
@@ -27,6 +29,7 @@ from store.records import (
     Erasure,
     GroupMessage,
     OfflinePage,
+    Rewrite,
     StoredMessage,
 )
 
@@ -154,6 +157,27 @@ class FakeOffline(Faulty):
         self.deliveries: list[Delivery] = []
         self.acked: list[tuple[str, str, str]] = []
         self.erased: list[Erasure] = []
+
+    async def rewrite(self, rewrites: Sequence[Rewrite]) -> None:
+        """As ``rewrite.lua``: a kept frame is replaced unless it is a tombstone
+        or carries a later edit."""
+        self._up("rewrite")
+        for r in rewrites:
+            box = self.inboxes.get(r.user)
+            if box is None:
+                continue
+            if r.mid in box.entries and _replaceable(box.entries[r.mid], r.edited):
+                box.entries[r.mid] = r.frame
+            mid, shown = box.convs.get(r.conv, (0, b""))
+            if not r.conv.startswith("g:") and mid == r.mid and _replaceable(shown, r.edited):
+                box.convs[r.conv] = (mid, r.preview)
+
+    async def conversations_of(self, user: str, convs: Sequence[str]
+                               ) -> list[ConversationRow]:
+        self._up("conversations_of")
+        box = self.inboxes.get(user, Inbox())
+        return [ConversationRow(c, box.convs[c][0], len(box.unread.get(c, ())), box.convs[c][1])
+                for c in convs if c in box.convs]
 
     async def deliver(self, deliveries: Sequence[Delivery],
                       acked: Sequence[tuple[str, str, str]], *, routes: bool = True
@@ -309,6 +333,25 @@ class FakeMessages(Faulty):
         self.bodies[mid] = m = ChatMessage(m.mid, m.sender, m.to, m.cmid, None, recalled=True)
         return m
 
+    async def edit(self, mid: int, sender: str, body: bytes, at_ms: int) -> bool:
+        self._up("edit")
+        m = self.bodies.get(mid)
+        if not isinstance(m, ChatMessage) or m.sender != sender or m.recalled \
+                or m.edited >= at_ms:
+            return False
+        self.bodies[mid] = replace(m, body=body, edited=at_ms)
+        return True
+
+    async def mark_reacted(self, mid: int) -> None:
+        self._up("mark_reacted")
+        m = self.bodies.get(mid)
+        if isinstance(m, ChatMessage):
+            self.bodies[mid] = replace(m, reacted=True)
+
+    async def reacted_among(self, mids: Sequence[int]) -> set[int]:
+        self._up("reacted_among")
+        return {mid for mid in mids if (m := self.bodies.get(mid)) is not None and m.reacted}
+
     async def sender_of(self, mid: int) -> str | None:
         """The sender of the 1:1 message ``mid`` (group messages are the group store's)."""
         self._up("sender_of")
@@ -376,3 +419,12 @@ class FakeQuotas:
         key = (user, what, int(self.now) // window_s)
         self.counts[key] = self.counts.get(key, 0) + 1
         return self.counts[key] <= limit
+
+
+def _replaceable(frame: bytes, at_ms: int) -> bool:
+    """As ``rewrite.lua``'s check: not a tombstone, no later edit."""
+    try:
+        f = orjson.loads(frame)
+    except orjson.JSONDecodeError:
+        return True
+    return isinstance(f, dict) and not f.get("recalled") and int(f.get("edited") or 0) < at_ms

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from router.controls import Control
 from store.errors import GroupGone
 from store.groups_redis import RD_FRAME_MAX, RECALLED_KEPT
@@ -146,6 +148,30 @@ class FakeGroupStore(Faulty):
                                                  None, m.wd, recalled=True)
                     return m
         return None
+
+    async def by_mid(self, mid: int) -> GroupMessage | None:
+        self._up("by_mid")
+        return next((m for slot in self.msgs.values() for m in slot.values()
+                     if m is not None and m.mid == mid), None)
+
+    async def edit(self, group: str, seq: int, sender: str, body: bytes, at_ms: int) -> bool:
+        self._up("edit")
+        m = self.msgs.get(group, {}).get(seq)
+        if m is None or m.sender != sender or m.recalled or m.edited >= at_ms:
+            return False
+        self.msgs[group][seq] = replace(m, body=body, edited=at_ms)
+        return True
+
+    async def mark_reacted(self, group: str, seq: int) -> None:
+        self._up("mark_reacted")
+        m = self.msgs.get(group, {}).get(seq)
+        if m is not None:
+            self.msgs[group][seq] = replace(m, reacted=True)
+
+    async def reacted_among(self, mids: Sequence[int]) -> set[int]:
+        self._up("reacted_among")
+        return {m.mid for slot in self.msgs.values() for m in slot.values()
+                if m is not None and m.reacted and m.mid in mids}
 
     async def sender_of(self, mid: int) -> str | None:
         self._up("sender_of")
@@ -304,6 +330,19 @@ class FakeGroupCache(Faulty):
         self._up("states")
         found = {g: self.state.get(g, NO_STATE) for g in groups}
         return found if last else {g: replace(st, last=None) for g, st in found.items()}
+
+    async def edited(self, group: str, seq: int, mid: int, frame: bytes, at_ms: int) -> None:
+        """As ``group_edit.lua``: the kept frame goes; the last, if it is it and
+        neither a tombstone nor a later edit, becomes ``frame``."""
+        self._up("edited")
+        self.frames.get(group, {}).pop(seq, None)
+        old = self.state.get(group)
+        if old is None or old.lastmid != mid:
+            return
+        shown = orjson.loads(old.last) if old.last else {}
+        if shown.get("recalled") or int(shown.get("edited") or 0) >= at_ms:
+            return
+        self.state[group] = replace(old, last=frame)
 
     async def recalled(self, group: str, seq: int, mid: int, tombstone: bytes) -> None:
         """As ``group_recall.lua``: on a known state, ``seq`` joins the recalled

@@ -20,6 +20,7 @@ class Sources:
         self.groups = {"g1": ["alice", "bob", "carol", "dave"]}
         self.online = {"carol"}
         self.unreads = Counter[str]()
+        self.mutes: set[tuple[str, str]] = set()
 
     async def unread(self, user: str) -> int:
         return self.unreads[user]
@@ -32,6 +33,12 @@ class Sources:
 
     async def platforms(self, users: Sequence[str]) -> dict[str, list[str]]:
         return {u: ["web"] for u in users if u in self.online}
+
+    async def muted(self, pairs: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        return {p for p in pairs if p in self.mutes}
+
+    async def muted_by(self, conv: str) -> list[str]:
+        return sorted(u for u, c in self.mutes if c == conv)
 
 
 class Broker:
