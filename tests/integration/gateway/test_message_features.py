@@ -109,7 +109,7 @@ async def test_edits_in_small_and_big_groups(make_node, connect, http):
         conv = f"g:{g}"
         mids = [(await a.request("group_send", group=g, cmid=f"{g}{i}", body=f"t{i}"))["mid"]
                 for i in range(2)]
-        await until(lambda: carol_sees(http, carol, n1, mids), timeout=10)
+        await until(lambda mids=mids: carol_sees(http, carol, n1, mids), timeout=10)
         assert (await b.request("edit", mid=mids[1], body="no"))["code"] == "forbidden"
         for m in mids:
             assert (await a.request("edit", mid=m, body=f"new {m}"))["op"] == "ok"
