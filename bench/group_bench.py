@@ -27,6 +27,9 @@ the local Redis / RabbitMQ / MongoDB-compatible server, and cleans up)::
    **Naive baseline**, same run, same Redis: per message one pipeline of
    ``HINCRBY <prefix>:unread:{member} g:G 1`` per member in a throwaway key
    prefix (deleted after each size): HINCRBY calls and time per message.
+   **Cost per reaction** (``--reactions``, 0: none), per size, the same way:
+   the connected members react to one message in turn, one call at a time,
+   each adding then removing its emoji (every call changes the state).
 2. **Conversations**: a user in ``--groups`` groups of 3, each with 2 messages
    from another member (unread 2 and a last message each); a baseline user
    with no group and ``--peers`` 1:1 conversations (2 messages each).
@@ -113,16 +116,47 @@ class Bench:
     async def _measure(self, size: int, mode: str, group: str, setup_s: float, sender: Device,
                        listeners: list[Device], members: list[str]) -> dict[str, Any]:
         first: float | None = None
-        for i in range(self.args.warmup_msgs):
+        mid = 0
+        for i in range(max(1, self.args.warmup_msgs)):
             t = time.perf_counter()
-            gs.check_ack(await gs.group_send(sender, group, f"w{i}", TEXT), "warm-up send")
+            mid = int(gs.check_ack(await gs.group_send(sender, group, f"w{i}", TEXT),
+                                   "warm-up send")["mid"])
             first = first or time.perf_counter() - t
         await asyncio.sleep(0.3)  # the warm-up's pushes
         tries = await self.quietest(lambda k: self._attempt(k, group, sender, listeners))
         res = {"size": size, "mode": mode, "group": group, "setup_s": round(setup_s, 2),
                "first_send_ms": first and round(first * 1000, 2), **tries}
         res["naive"] = await self._naive(group, [f"o{size}", *members], res["idle"])
+        if self.args.reactions:
+            res["reactions"] = await self.quietest(
+                lambda k: self._react_attempt(k, mid, [sender, *listeners]))
         return res
+
+    async def _react_attempt(self, k: int, mid: int, devs: list[Device]) -> dict[str, Any]:
+        """``--reactions`` reactions on one message (the last warm-up send: a
+        popular message), one at a time, each waiting for its answer: the
+        connected members in turn, each adding then removing its emoji, so every
+        call changes the state (a repeat would cost less)."""
+        n = self.args.reactions
+        meter, c0 = common.Meter(self.names, top=5), await self.probe.counters()
+        lat: list[float] = []
+        errors: Counter[str] = Counter()
+        for i in range(n):
+            dev, turn = devs[i % len(devs)], i // len(devs)
+            took, reply = await common.timed(dev.request(
+                "react", mid=mid, emoji=f"r{k}", on=turn % 2 == 0))
+            if reply.get("op") == "ok":
+                lat.append(took)
+            else:
+                errors[str(reply.get("code"))] += 1
+        c1, (cpu_s, cpu) = await self.probe.counters(), meter.stop()
+        window = gs.delta(c0, c1)
+        idle = await gs.idle_rates(self.probe, min(window["seconds"], self.args.idle_max))
+        return {"reactions": n, "ok": len(lat), "errors": dict(errors),
+                "latency": latency_summary(lat, mean=True), "idle": idle,
+                **gs.per_msg_costs(window, idle, n),
+                "cpu_ms_per_reaction": common.ms_per_op(cpu_s, cpu, n),
+                "foreign_clients": await self.foreign(time.perf_counter() - c0.wall)}
 
     async def quietest(self, attempt: Any) -> dict[str, Any]:
         """Up to ``--attempts`` runs of ``attempt(k)`` until one saw no foreign Redis
@@ -301,6 +335,14 @@ def render(res: dict[str, Any]) -> str:
                        "store CPU ms/msg", "Redis top cmds/msg", "Mongo writes/msg by collection",
                        "pushes recv/exp", "push p50/p99 ms", "acked", "setup s"],
                       gs.detail_rows(res))
+    react = [r for r in res["sizes"] if "reactions" in r]
+    if react:
+        lines += ["## 1b. Cost of one reaction (the same message, connected members in "
+                  "turn, each adding then removing its emoji)", ""]
+        lines += md_table(["size", "mode", "answer p50/p99 ms", "Redis cmds/reaction",
+                           "Redis top cmds/reaction", "Mongo writes/reaction",
+                           "Mongo ops/reaction", "group send: Redis cmds / Mongo writes",
+                           "ok", "Redis quiet"], gs.reaction_rows(react))
     lines += ["## 2. GET /v1/conversations", ""]
     lines += [f"error: {conv['error']}", ""] if "error" in conv else []
     lines += md_table(["user", "rows", "bytes", "cold ms (1st call)", "p50 ms", "p99 ms", "max ms",
@@ -321,7 +363,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ("--attempts", int, 3, "tries of a measurement while other Redis clients are busy"),
         ("--groups", int, 500, "groups of the conversations user"),
         ("--peers", int, 20, "1:1 conversations of the baseline user"),
-        ("--repeat", int, 200, "GET /v1/conversations calls per user")))
+        ("--repeat", int, 200, "GET /v1/conversations calls per user"),
+        ("--reactions", int, 100, "measured reactions per size (0: none)")))
     p.add_argument("--sizes", type=int, nargs="+", default=[10, 1000, 10000],
                    help="group sizes, owner included (default 10 1000 10000)")
     p.add_argument("--wd-max", type=int, default=Settings.group_write_diffusion_max,
@@ -334,7 +377,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.sizes, args.messages, args.groups, args.repeat = [10, 200, 1000], 30, 50, 30
     if min(args.sizes) < 2 or max(args.sizes) > Settings.group_max_members or min(
             args.messages, args.repeat, args.groups, args.peers, args.attempts) < 1 or min(
-            args.listeners, args.warmup_msgs, args.wd_max) < 0 or args.idle_max <= 0:
+            args.listeners, args.warmup_msgs, args.wd_max, args.reactions) < 0 \
+            or args.idle_max <= 0:
         p.error("sizes 2..100000; --messages/--repeat/--groups/--peers/--attempts >= 1; "
                 "--listeners/--warmup-msgs/--wd-max >= 0; --idle-max > 0")
     args.listeners = min(args.listeners, min(args.sizes) - 1)

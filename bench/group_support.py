@@ -271,6 +271,23 @@ def cost_rows(res: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def reaction_rows(sizes: list[dict[str, Any]]) -> list[list[Any]]:
+    rows = []
+    for r in sizes:
+        x = r["reactions"]
+        if "error" in x:
+            rows.append([r["size"], "error: " + str(x["error"])[:80]] + ["-"] * 8)
+            continue
+        ops = ", ".join(f"{k} {v:g}" for k, v in x["mongo_ops_per_msg"].items())
+        rows.append([r["size"], f"{r['mode']} diffusion", lat(x["latency"]),
+                     round(x["redis_cmds_per_msg"], 1),
+                     ", ".join(f"{k} {v:g}" for k, v in x["redis_top_per_msg"][:5]),
+                     round(x["mongo_writes_per_msg"], 2), ops,
+                     f"{r['redis_cmds_per_msg']:.1f} / {r['mongo_writes_per_msg']:.2f}",
+                     f"{x['ok']}/{x['reactions']}", _quiet(x)])
+    return rows
+
+
 def _cpu(entries: list[dict[str, Any]], prefix: str) -> float:
     return next((c["ms_per_op"] for c in entries if c["what"].startswith(prefix)), 0.0)
 

@@ -369,7 +369,7 @@ class _EventSources:
         return {u: [d["platform"] for d in ds] for u, ds in zip(users, found, strict=True)}
 
     async def unread(self, user: str) -> int:
-        return int((await self.conversations.conversations(user, 1))["total_unread"])
+        return await self.conversations.total_unread(user)
 
     async def members(self, group: str) -> list[str]:
         return (await self.group_cache.members([group])).get(group, [])

@@ -318,6 +318,12 @@ class ChatService:
             newest.mid if newest else 0)])
         return conv
 
+    async def total_unread(self, user: str) -> int:
+        """Unread over the user's 1:1 conversations (and write-diffused groups'
+        entries counted there): one script, no row read."""
+        total, _ = await self.offline.conversations(user, 0)
+        return total
+
     async def conversation_rows(self, user: str, limit: int, after: Position | None = None
                                 ) -> tuple[int, list[tuple[Position, dict[str, Any]]]]:
         """(total unread, [(position, row)]): the user's newest 1:1 conversations

@@ -103,6 +103,13 @@ class Conversations:
             horizon = min(horizon, low - 1)
         return SyncPage(msgs, next_cursor(since, mids, more, horizon), more)
 
+    async def total_unread(self, user: str) -> int:
+        """Unread over every conversation (what ``offline.msg`` events carry)."""
+        total = await self.chat.total_unread(user)
+        group_total, _, groups = await self.groups.conversation_rows(user, 0)
+        self.charge(user, groups)
+        return total + group_total
+
     async def conversations(self, user: str, limit: int, cursor: str | None = None
                             ) -> dict[str, Any]:
         """1:1 conversations and groups, newest first, ``limit`` a page; the

@@ -1,6 +1,8 @@
 // The demo web app (web/demo, served at /demo/ by every node) in a real browser:
 // Debian's chromium driven by playwright-core. Two users on two nodes chat,
-// one goes away and catches up, both meet in a live room, one posts to the feed.
+// one goes away and catches up, both meet in a live room, one posts to the feed;
+// then edit, reactions, reply, recall, delete for me, pin and mute, each seen
+// on the other user's page (or the same user's other page, or after a reload).
 //
 // Environment (tests/integration/gateway/test_demo_browser.py sets it):
 //   IMGATE_HTTP_1, IMGATE_WS_1     node 1: http://host:port, ws://host:port/ws (user A)
@@ -102,6 +104,29 @@ async function close(name) {
   pages.delete(name);
   await page.context().close();
 }
+
+/** A user's page after a reload: the token is no longer in the address, so the login form. */
+async function relogin(name, page, token) {
+  await page.reload();
+  await page.fill('[data-test="token"]', token);
+  await page.click('[data-test="login"]');
+  await waitText(page, '[data-test="status"]', "online", `${name} back online`);
+}
+
+/** The mid of the (first) message of `page` whose text has `body`. */
+async function midOf(page, body) {
+  const mid = await page.locator('[data-test="message"][data-mid]', { hasText: body }).first().getAttribute("data-mid");
+  if (!mid) throw new Error(`no message ${JSON.stringify(body)}`);
+  return mid;
+}
+
+/** Choose `action` (a data-test) in the menu of message `mid`. */
+async function menu(page, mid, action, extra = "") {
+  await page.click(`[data-test="message"][data-mid="${mid}"] [data-test="msg-menu"]`);
+  await page.click(`[data-test="message"][data-mid="${mid}"] [data-test="msg-actions"] [data-test="${action}"]${extra}`);
+}
+
+const msgSel = (mid, inner = "") => `[data-test="message"][data-mid="${mid}"]${inner ? ` ${inner}` : ""}`;
 
 async function send(page, to, body) {
   await page.fill('[data-test="to"]', to);
@@ -232,6 +257,105 @@ async function main() {
     await A.click('[data-test="post"]');
     await waitAll(A, '[data-test="timeline-post"]', [[a, postText]], "A's timeline");
     await waitAll(B, '[data-test="timeline-post"]', [[a, postText]], "B's timeline");
+  });
+
+  const edited = `${hello} (see you at 8)`;
+  let mid;
+  await step("A edits its first message from the message's menu: B sees the new text, marked (edited)", async () => {
+    await A.click(`[data-test="conv"][data-conv="${b}"]`);
+    await B.click(`[data-test="conv"][data-conv="${a}"]`);
+    await waitAll(A, '[data-test="message"][data-mid]', [[a, hello]], "A's chat with B");
+    mid = await midOf(A, hello);
+    await waitAll(B, msgSel(mid), [[hello]], "B's chat with A");
+    await menu(A, mid, "msg-edit");
+    await until("the composer holds the text", () => A.locator('[data-test="compose"]').inputValue(), (v) => v === hello);
+    await waitText(A, '[data-test="compose-context-text"]', "Editing your message", "A's composer line");
+    await A.fill('[data-test="compose"]', edited);
+    await A.click('[data-test="send"]');
+    await waitText(B, msgSel(mid, ".body"), edited, "B's copy edited");
+    await waitText(B, msgSel(mid, '[data-test="edited"]'), "(edited)", "B's copy marked");
+    await waitText(A, msgSel(mid, '[data-test="edited"]'), "(edited)", "A's copy marked");
+    if (await A.locator('[data-test="compose-context"]').isVisible()) throw new Error("A's composer still editing");
+  });
+
+  await step("B reacts 👍 from the reaction bar: A sees 👍 1; A adds its own: B sees 👍 2", async () => {
+    await menu(B, mid, "react", '[data-emoji="👍"]');
+    await waitText(A, msgSel(mid, '[data-test="reaction"][data-emoji="👍"]'), "👍 1", "A's count");
+    await waitText(B, msgSel(mid, '[data-test="reaction"][data-emoji="👍"].mine'), "👍 1", "B's own count, marked mine");
+    await A.click(msgSel(mid, '[data-test="reaction"][data-emoji="👍"]'));
+    await waitText(B, msgSel(mid, '[data-test="reaction"][data-emoji="👍"]'), "👍 2", "B's count");
+    await menu(B, mid, "react", '[data-emoji="🎉"]');
+    await waitText(A, msgSel(mid, '[data-test="reaction"][data-emoji="🎉"]'), "🎉 1", "A's 🎉");
+  });
+
+  const answer = `${b} replies: 8 works`;
+  await step("B replies to A's message: A sees the quoted message above the reply", async () => {
+    await menu(B, mid, "msg-reply");
+    await until("B's composer quotes it", () => textOf(B, '[data-test="compose-context-text"]'), (t) => t === `Replying to ${a}: ${edited}`);
+    await B.fill('[data-test="compose"]', answer);
+    await B.click('[data-test="send"]');
+    await waitAll(A, '[data-test="message"][data-mid]', [[b, answer]], "A's chat with the reply");
+    const re = await midOf(A, answer);
+    await waitText(A, msgSel(re, '[data-test="quote"]'), `${a}: ${edited}`, "the quote on A's page");
+    const quoted = await A.locator(msgSel(re, '[data-test="quote"]')).getAttribute("data-mid");
+    if (quoted !== mid) throw new Error(`the quote names ${quoted}, not ${mid}`);
+    await waitText(B, msgSel(re, '[data-test="quote"]'), `${a}: ${edited}`, "the quote on B's page");
+  });
+
+  const oops = `oops, not for ${b}`;
+  await step("A recalls a message from its menu (B sees it recalled); B deletes one for itself (A keeps it, B's reload too)", async () => {
+    await send(A, b, oops);
+    const gone = await midOf(A, oops);
+    await waitAll(B, msgSel(gone), [[oops]], "B got it");
+    await menu(A, gone, "msg-recall");
+    await waitText(B, msgSel(gone, ".body"), "message recalled", "B's copy recalled");
+    const away = await midOf(B, away1);
+    await menu(B, away, "msg-delete");
+    await until("gone from B's page", () => B.locator(msgSel(away)).count(), (n) => n === 0);
+    await relogin("B", B, env.tokenB);
+    await B.click(`[data-test="conv"][data-conv="${a}"]`);
+    await waitAll(B, '[data-test="message"][data-mid]', [[b, answer], [a, away2]], "B's chat after the reload");
+    if (await B.locator(msgSel(away)).count()) throw new Error("the deleted message is back after B's reload");
+    if (!(await A.locator(msgSel(away)).count())) throw new Error("A lost the message B deleted for itself");
+  });
+
+  await step("A pins and mutes its chat with B: A's other page (node 2) shows the marks at once; B's list has none", async () => {
+    const A2 = await open("A2", env.http2, null, env.tokenA);
+    const row = `[data-test="conv"][data-conv="${b}"]`;
+    await until("A2's chat with B listed", () => A2.locator(row).count(), (n) => n === 1);
+    await A.click(`${row} [data-test="conv-pin"]`);
+    await A.click(`${row} [data-test="conv-mute"]`);
+    for (const [name, page] of [["A", A], ["A2", A2]]) {
+      await until(`${name}: pinned mark`, () => page.locator(`${row} [data-test="conv-pinned"]`).count(), (n) => n === 1);
+      await until(`${name}: muted mark`, () => page.locator(`${row} [data-test="conv-muted"]`).count(), (n) => n === 1);
+    }
+    // The group is the newest conversation now; the pinned chat still comes first.
+    const groupRow = A.locator('[data-test="group"]').first();
+    await groupRow.click();
+    await A.fill('[data-test="compose"]', "pinned chats stay on top");
+    await A.click('[data-test="send"]');
+    await waitAll(A2, '[data-test="conv"]', [["pinned chats stay on top"]], "A2's list with the group's news");
+    await until("A2's first chat", () => A2.locator('[data-test="conv"]').first().getAttribute("data-conv"), (c) => c === b);
+    const marks = await B.locator(`[data-test="conv"][data-conv="${a}"] .mark`).count();
+    if (marks) throw new Error("B's list shows A's settings");
+  });
+
+  await step("A's other page reloads: pinned first and muted, the edit and the reaction counts from history", async () => {
+    const A2 = pages.get("A2");
+    await relogin("A2", A2, env.tokenA);
+    await until("A2's first chat after the reload", () => A2.locator('[data-test="conv"]').first().getAttribute("data-conv"), (c) => c === b);
+    await until("A2's marks", () => A2.locator(`[data-test="conv"][data-conv="${b}"] .mark`).count(), (n) => n === 2);
+    await A2.click(`[data-test="conv"][data-conv="${b}"]`);
+    await waitText(A2, msgSel(mid, ".body"), edited, "the edited text");
+    await waitText(A2, msgSel(mid, '[data-test="edited"]'), "(edited)", "the edited mark");
+    await waitText(A2, msgSel(mid, '[data-test="reaction"][data-emoji="👍"]'), "👍 2", "the 👍 count");
+    await waitText(A2, msgSel(mid, '[data-test="reaction"][data-emoji="🎉"]'), "🎉 1", "the 🎉 count");
+    // After the reload the page asks who reacted: a click takes A's 👍 back, B sees it.
+    await A2.click(msgSel(mid, '[data-test="reaction"][data-emoji="👍"]'));
+    await waitText(B, msgSel(mid, '[data-test="reaction"][data-emoji="👍"]'), "👍 1", "B's count after A's take-back");
+    await A2.click(`[data-test="conv"][data-conv="${b}"] [data-test="conv-mute"]`);
+    await until("A's page unmuted", () => A.locator(`[data-test="conv"][data-conv="${b}"] [data-test="conv-muted"]`).count(), (n) => n === 0);
+    await close("A2");
   });
 
   if (env.screenshot) {

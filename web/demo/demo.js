@@ -45,7 +45,12 @@ const state = {
   typing: new Map(), // conv -> {from, until}
   room: "", // the live room joined
   lastTyping: 0,
+  compose: null, // {kind: "reply" | "edit", conv, mid}: what the composer is doing besides a plain send
+  menu: 0, // mid of the message whose menu is open
+  mine: new Map(), // "mid emoji" -> whether we reacted so (reaction pushes; asked after a reload)
 };
+
+const EMOJI = ["👍", "❤️", "😂", "🎉", "😮"]; // the reaction bar
 
 // ---- small helpers ------------------------------------------------------
 function el(tag, attrs = {}, ...children) {
@@ -124,14 +129,25 @@ function bucket(conv) {
   return b;
 }
 
+/** A message as the node stored it (a push, sync or history entry): its counts are the node's. */
+function keep(conv, m) {
+  const b = bucket(conv);
+  b.set(m.mid, { ...b.get(m.mid), ...m, conv, reactions: { ...(m.reactions || {}) } });
+}
+
+/** Who a quoted message is, as loaded here ("a message" when it is not). */
+function quoteText(conv, mid) {
+  const q = bucket(conv).get(mid);
+  if (!q) return "a message";
+  return `${q.from}: ${q.recalled ? "message recalled" : text(q.body)}`;
+}
+
 // ---- messages -------------------------------------------------------------
 function addMessage(m) {
   if (m.mid === undefined || m.mid === null) return;
   const conv = convOf(m);
   if (!conv) return;
-  const b = bucket(conv);
-  const had = b.get(m.mid);
-  b.set(m.mid, { ...had, ...m, conv });
+  keep(conv, m);
   const theirs = m.from !== state.me;
   if (theirs) {
     const t = state.typing.get(conv);
@@ -164,12 +180,23 @@ function renderMessages() {
       "data-test": "message", "data-mid": m.mid, "data-from": m.from,
       "data-state": status || undefined,
     },
-    el("span", { class: "from" }, mine ? `${m.from} (me)` : m.from),
+    m.reply_to ? quote(conv, m.reply_to) : null,
+    el("div", { class: "msg-head" },
+      el("span", { class: "from" }, mine ? `${m.from} (me)` : m.from),
+      el("button", {
+        type: "button", class: "more", title: "more", "data-test": "msg-menu",
+        onclick: () => { state.menu = state.menu === m.mid ? 0 : m.mid; renderMessages(); },
+      }, "⋯")),
     el("span", { class: "body" }, m.recalled ? "message recalled" : text(m.body)),
-    el("span", { class: "meta" }, clock(m.ts), status ? ` · ${status}` : "")));
+    el("span", { class: "meta" }, clock(m.ts),
+      m.edited && !m.recalled ? el("span", { class: "edited", "data-test": "edited" }, " (edited)") : null,
+      status ? ` · ${status}` : ""),
+    m.recalled ? null : reactionChips(m),
+    state.menu === m.mid ? messageMenu(m) : null));
   }
   for (const p of state.pending.get(conv) || []) {
     list.append(el("li", { class: "msg mine pending", "data-test": "message", "data-from": state.me, "data-state": "sending" },
+      p.replyTo ? quote(conv, p.replyTo) : null,
       el("span", { class: "from" }, `${state.me} (me)`),
       el("span", { class: "body" }, text(p.body)),
       el("span", { class: "meta" }, "sending…")));
@@ -179,6 +206,50 @@ function renderMessages() {
   }
   list.scrollTop = list.scrollHeight;
   renderTyping();
+}
+
+/** The quoted message above a reply: a click shows it, when it is loaded. */
+function quote(conv, mid) {
+  return el("div", {
+    class: "quote", "data-test": "quote", "data-mid": mid,
+    onclick: () => {
+      const at = document.querySelector(`[data-test="message"][data-mid="${mid}"]`);
+      if (at) at.scrollIntoView({ block: "center" });
+    },
+  }, quoteText(conv, mid));
+}
+
+/** The counts under a message; a click adds or takes back one's own. */
+function reactionChips(m) {
+  const entries = Object.entries(m.reactions || {}).filter(([, n]) => n > 0);
+  if (!entries.length) return null;
+  return el("div", { class: "reactions", "data-test": "reactions" },
+    entries.map(([emoji, n]) => el("button", {
+      type: "button", class: `reaction${state.mine.get(`${m.mid} ${emoji}`) ? " mine" : ""}`,
+      "data-test": "reaction", "data-emoji": emoji, title: "react",
+      onclick: () => toggleReaction(m.conv, m.mid, emoji),
+    }, `${emoji} ${n}`)));
+}
+
+/** A message's menu: the reaction bar, reply, edit and recall (one's own), delete for me (1:1). */
+function messageMenu(m) {
+  const mine = m.from === state.me;
+  const item = (test, label, fn, attrs = {}) => el("button", {
+    type: "button", "data-test": test, ...attrs,
+    onclick: () => {
+      state.menu = 0;
+      renderMessages();
+      fn();
+    },
+  }, label);
+  return el("div", { class: "msg-menu", "data-test": "msg-actions" },
+    m.recalled ? null : el("div", { class: "react-bar" },
+      EMOJI.map((emoji) => item("react", emoji, () => toggleReaction(m.conv, m.mid, emoji), { "data-emoji": emoji, title: `react ${emoji}` }))),
+    m.recalled ? null : item("msg-reply", "Reply", () => startCompose("reply", m)),
+    mine && !m.recalled ? item("msg-edit", "Edit", () => startCompose("edit", m)) : null,
+    mine && !m.recalled ? item("msg-recall", "Recall", () => recallMessage(m)) : null,
+    isGroup(m.conv) ? null : item("msg-delete", "Delete for me", () => deleteForMe(m)),
+    item("msg-close", "✕", () => {}, { title: "close" }));
 }
 
 function renderTyping() {
@@ -211,6 +282,8 @@ async function openConv(conv) {
   conv = conv.trim();
   if (conv === state.active) return;
   state.active = conv;
+  state.menu = 0;
+  if (state.compose && state.compose.conv !== conv) endCompose();
   const to = $("#to");
   if (to.value.trim() !== conv) to.value = conv;
   showToName();
@@ -220,7 +293,7 @@ async function openConv(conv) {
   if (!conv || !ID.test(conv) || conv === state.me) return;
   try {
     const page = await state.client.http("GET", `/v1/history/${encodeURIComponent(conv)}?limit=50`);
-    for (const m of page.msgs || []) bucket(conv).set(m.mid, { ...bucket(conv).get(m.mid), ...m, conv });
+    for (const m of page.msgs || []) keep(conv, m);
   } catch (e) {
     if (conv === state.active) toast(`history: ${e.message || e}`, "error");
   }
@@ -242,17 +315,23 @@ async function sendMessage(e) {
   const body = input.value.trim();
   if (!to || !body) return;
   if (!ID.test(to)) return toast(`"${to}" is not a user id (or g:GROUP)`, "error");
+  const ctx = state.compose;
+  if (ctx && ctx.kind === "edit") return saveEdit(ctx, body);
   if (to !== state.active) await openConv(to);
+  const replyTo = ctx && ctx.kind === "reply" && ctx.conv === to ? ctx.mid : 0;
+  endCompose();
   input.value = "";
-  const p = { tmp: Math.random(), body };
+  const p = { tmp: Math.random(), body, replyTo };
   const list = state.pending.get(to) || [];
   list.push(p);
   state.pending.set(to, list);
   renderMessages();
   try {
-    const ack = isGroup(to) ? await state.client.groupSend(to.slice(2), body)
-      : await state.client.send(to, body);
+    const opts = replyTo ? { replyTo } : {};
+    const ack = isGroup(to) ? await state.client.groupSend(to.slice(2), body, opts)
+      : await state.client.send(to, body, opts);
     const m = { mid: ack.mid, from: state.me, body, ts: ack.ts };
+    if (replyTo) m.reply_to = replyTo;
     if (isGroup(to)) Object.assign(m, { group: to.slice(2), seq: ack.seq });
     else m.to = to;
     state.pending.set(to, (state.pending.get(to) || []).filter((x) => x !== p));
@@ -263,6 +342,115 @@ async function sendMessage(e) {
     input.value = body;
     toast(`send: ${err.message || err.code || err}`, "error");
   }
+}
+
+// ---- reply, edit, recall, delete, reactions ------------------------------
+/** The composer replies to, or edits, message `m` (the line above it says which; ✕ cancels). */
+function startCompose(kind, m) {
+  state.compose = { kind, conv: m.conv, mid: m.mid };
+  const input = $("#compose");
+  if (kind === "edit") input.value = text(m.body);
+  $('[data-test="compose-context-text"]').textContent = kind === "edit"
+    ? "Editing your message" : `Replying to ${quoteText(m.conv, m.mid)}`;
+  const box = $('[data-test="compose-context"]');
+  box.dataset.kind = kind;
+  box.hidden = false;
+  $('[data-test="send"]').textContent = kind === "edit" ? "Save" : "Send";
+  renderMessages();
+  input.focus();
+}
+
+function endCompose() {
+  const was = state.compose;
+  state.compose = null;
+  $('[data-test="compose-context"]').hidden = true;
+  $('[data-test="send"]').textContent = "Send";
+  if (was && was.kind === "edit") $("#compose").value = "";
+}
+
+async function saveEdit(ctx, value) {
+  const m = bucket(ctx.conv).get(ctx.mid);
+  // An object body keeps its other fields: only its text is the user's.
+  const body = m && m.body && typeof m.body === "object" && !Array.isArray(m.body) ? { ...m.body, text: value } : value;
+  endCompose();
+  try {
+    await state.client.edit(ctx.mid, body);
+    if (m && !m.recalled) Object.assign(m, { body, edited: m.edited || Date.now() }); // the push brings the node's time
+    if (ctx.conv === state.active) renderMessages();
+    refreshConvs();
+  } catch (err) {
+    toast(`edit: ${err.message || err.code || err}`, "error");
+  }
+}
+
+async function recallMessage(m) {
+  try {
+    await state.client.recall(m.mid);
+    m.recalled = true;
+    if (m.conv === state.active) renderMessages();
+    refreshConvs();
+  } catch (err) {
+    toast(`recall: ${err.message || err.code || err}`, "error");
+  }
+}
+
+/** Out of this user's box only (the peer keeps it); no push: this page drops it. */
+async function deleteForMe(m) {
+  try {
+    await state.client.http("DELETE", `/v1/messages/${m.mid}`);
+    bucket(m.conv).delete(m.mid);
+    if (m.conv === state.active) renderMessages();
+    refreshConvs();
+  } catch (err) {
+    toast(`delete: ${err.message || err.code || err}`, "error");
+  }
+}
+
+/** Did we react to `m` with `emoji`? Known from pushes; else (after a reload) asked of the node. */
+async function iReacted(m, emoji) {
+  const key = `${m.mid} ${emoji}`;
+  if (state.mine.has(key)) return state.mine.get(key);
+  if (!(m.reactions && m.reactions[emoji])) return false;
+  let cursor = null;
+  do {
+    const page = await state.client.reactionUsers(m.mid, emoji, { cursor, limit: 100 });
+    if (page.users.includes(state.me)) return true;
+    cursor = page.cursor;
+  } while (cursor);
+  return false;
+}
+
+/** Our `emoji` on message `mid`, on or off; the counts move with the `reaction` pushes. */
+async function toggleReaction(conv, mid, emoji) {
+  const m = bucket(conv).get(mid);
+  if (!m) return;
+  try {
+    const on = !(await iReacted(m, emoji));
+    await state.client.react(mid, emoji, on);
+    state.mine.set(`${mid} ${emoji}`, on);
+    if (conv === state.active) renderMessages();
+  } catch (err) {
+    toast(`react: ${err.message || err.code || err}`, "error");
+  }
+}
+
+function onReaction(r) {
+  if (r.from === state.me) state.mine.set(`${r.mid} ${r.emoji}`, r.on);
+  const m = bucket(r.conv).get(r.mid);
+  if (m) {
+    const counts = m.reactions || (m.reactions = {});
+    const n = (counts[r.emoji] || 0) + (r.on ? 1 : -1);
+    if (n > 0) counts[r.emoji] = n;
+    else delete counts[r.emoji];
+  }
+  if (r.conv === state.active) renderMessages();
+}
+
+function onEdited(e) {
+  const m = bucket(e.conv).get(e.mid);
+  if (m && !m.recalled) Object.assign(m, { body: e.body, edited: e.edited });
+  if (e.conv === state.active) renderMessages();
+  refreshConvs(); // its preview, if it was the last
 }
 
 // ---- conversations, groups ---------------------------------------------
@@ -279,35 +467,73 @@ const refreshConvs = debounced(async () => {
   renderConvs();
 }, 120);
 
+/** A conversation's name with its marks (pinned, muted), and its pin / mute switches. */
+function convLabel(c, name) {
+  return el("span", { class: "name" },
+    c.pinned ? el("span", { class: "mark", "data-test": "conv-pinned", title: "pinned" }, "📌 ") : null,
+    name,
+    c.muted ? el("span", { class: "mark", "data-test": "conv-muted", title: "muted" }, " 🔕") : null);
+}
+
+function convTools(c) {
+  const tool = (test, key, on, off) => el("button", {
+    type: "button", class: "tool", "data-test": test, title: c[key] ? off : on,
+    onclick: (e) => { e.stopPropagation(); setConv(c.conv, key, !c[key]); },
+  }, c[key] ? off : on);
+  return el("span", { class: "tools" }, tool("conv-pin", "pinned", "pin", "unpin"), tool("conv-mute", "muted", "mute", "unmute"));
+}
+
 function renderConvs() {
   const list = $('[data-test="conversations"]');
   list.replaceChildren();
-  const shown = state.convs.filter((c) => c.last || c.unread);
+  // Pinned first (the node lists them first too), otherwise as the node ordered them.
+  const shown = state.convs.filter((c) => c.last || c.unread)
+    .sort((a, b) => Number(Boolean(b.pinned)) - Number(Boolean(a.pinned)));
   for (const c of shown) {
     const last = c.last ? `${c.last.from === state.me ? "me: " : ""}${c.last.recalled ? "(recalled)" : text(c.last.body)}` : "";
     list.append(el("li", {
-      class: `conv${c.conv === state.active ? " active" : ""}`, "data-test": "conv", "data-conv": c.conv,
+      class: `conv${c.conv === state.active ? " active" : ""}${c.muted ? " muted" : ""}`, "data-test": "conv", "data-conv": c.conv,
+      "data-pinned": c.pinned ? "1" : undefined, "data-muted": c.muted ? "1" : undefined,
       onclick: () => openConv(c.conv),
     },
-    el("span", { class: "name" }, convName(c.conv)),
+    convLabel(c, convName(c.conv)),
     c.unread ? el("span", { class: "badge", "data-test": "conv-unread" }, c.unread) : null,
-    el("span", { class: "last" }, last)));
+    el("span", { class: "last" }, last),
+    convTools(c)));
   }
   if (!shown.length) list.append(el("li", { class: "empty" }, "No chats yet."));
   const groups = $('[data-test="groups"]');
   groups.replaceChildren();
   for (const g of [...state.groups.values()].sort((a, b) => a.name.localeCompare(b.name))) {
     const conv = `g:${g.group}`;
-    const unread = (state.convs.find((c) => c.conv === conv) || {}).unread || 0;
+    const c = state.convs.find((x) => x.conv === conv) || { conv };
+    const unread = c.unread || 0;
     groups.append(el("li", {
-      class: `conv${conv === state.active ? " active" : ""}`, "data-test": "group", "data-conv": conv,
+      class: `conv${conv === state.active ? " active" : ""}${c.muted ? " muted" : ""}`, "data-test": "group", "data-conv": conv,
       onclick: () => openConv(conv),
     },
-    el("span", { class: "name" }, `# ${g.name}`),
+    convLabel(c, `# ${g.name}`),
     unread ? el("span", { class: "badge", "data-test": "conv-unread" }, unread) : null,
-    el("span", { class: "last" }, `${g.members} member${g.members === 1 ? "" : "s"}`)));
+    el("span", { class: "last" }, `${g.members} member${g.members === 1 ? "" : "s"}`),
+    convTools(c)));
   }
   if (!state.groups.size) groups.append(el("li", { class: "empty" }, "No groups."));
+}
+
+/** Mute or pin a conversation: this user's setting, on all its devices (they get `conv_settings`). */
+async function setConv(conv, key, value) {
+  try {
+    onConvSettings(await state.client.setConversation(conv, { [key]: value }));
+  } catch (err) {
+    toast(`${key === "pinned" ? "pin" : "mute"}: ${err.message || err.code || err}`, "error");
+  }
+}
+
+function onConvSettings(s) {
+  const row = state.convs.find((c) => c.conv === s.conv);
+  if (!row) return refreshConvs(); // not listed yet
+  Object.assign(row, { muted: s.muted, pinned: s.pinned, archived: s.archived });
+  renderConvs();
 }
 
 const refreshGroups = debounced(async () => {
@@ -562,6 +788,9 @@ async function start(token, wsUrl) {
     setTimeout(renderTyping, 4100);
   });
   c.on("presence", (p) => showPresence(p.users));
+  c.on("edited", onEdited);
+  c.on("reaction", onReaction);
+  c.on("conv_settings", onConvSettings);
   c.on("recalled", (r) => {
     const b = state.msgs.get(r.conv);
     const m = b && b.get(r.mid);
@@ -620,6 +849,13 @@ function showLogin() {
 
 function wire() {
   $("#compose-form").addEventListener("submit", sendMessage);
+  $('[data-test="compose-cancel"]').addEventListener("click", () => endCompose());
+  // A click anywhere else closes an open message menu.
+  document.addEventListener("click", (e) => {
+    if (!state.menu || e.target.closest('[data-test="msg-actions"], [data-test="msg-menu"]')) return;
+    state.menu = 0;
+    renderMessages();
+  });
   $("#compose").addEventListener("input", () => {
     const now = Date.now();
     if (state.client && state.active && ID.test(state.active) && now - state.lastTyping > 2000) {

@@ -80,6 +80,9 @@ export interface ImClientOptions {
   roomRecoverIntervalMs?: number;
 }
 
+/** Emoji -> how many users reacted with it (only emoji with a count above 0). */
+export type ReactionCounts = Record<string, number>;
+
 /** A 1:1 message (`op` "msg"); a recalled one carries `recalled: true` and `conv`, no body. */
 export interface MsgFrame {
   op: "msg";
@@ -90,6 +93,12 @@ export interface MsgFrame {
   ts: number;
   conv?: string;
   recalled?: boolean;
+  /** The mid of the message (same conversation) this one answers. */
+  reply_to?: number;
+  /** Unix ms of the last edit; absent if never edited. */
+  edited?: number;
+  /** Sync and history only, on messages that have any. */
+  reactions?: ReactionCounts;
 }
 
 /** A group message (`op` "group_msg"). */
@@ -103,6 +112,9 @@ export interface GroupMsgFrame {
   ts: number;
   conv?: string;
   recalled?: boolean;
+  reply_to?: number;
+  edited?: number;
+  reactions?: ReactionCounts;
 }
 
 export type ChatMessage = MsgFrame | GroupMsgFrame;
@@ -158,6 +170,55 @@ export interface RecalledFrame {
   mid: number;
   conv: string;
   by: string;
+}
+
+/** A message's new body: pushed to both users' devices (or the group's members online), or
+ * made by the client when sync brings the edited version of a message it had already shown. */
+export interface EditedFrame {
+  op: "edited";
+  mid: number;
+  /** As this user names the conversation: the peer, or `g:GROUP`. */
+  conv: string;
+  body: Json;
+  /** Unix ms of the edit. */
+  edited: number;
+}
+
+/** `from` added (`on`) or removed its `emoji` on message `mid` (the reacting user's devices get it too). */
+export interface ReactionFrame {
+  op: "reaction";
+  mid: number;
+  conv: string;
+  from: string;
+  emoji: string;
+  on: boolean;
+}
+
+/** A user's settings of one conversation. */
+export interface ConvSettings {
+  muted: boolean;
+  pinned: boolean;
+  archived: boolean;
+}
+
+/** This user's settings of `conv` changed (on any of its devices). */
+export interface ConvSettingsFrame extends ConvSettings {
+  op: "conv_settings";
+  conv: string;
+}
+
+/** The answer of setConversation (`PATCH /v1/conversations/{conv}`). */
+export interface ConvSettingsResult extends ConvSettings {
+  ok: true;
+  conv: string;
+}
+
+/** One page of reactionUsers (`GET /v1/messages/{mid}/reactions`). */
+export interface ReactionUsersPage {
+  /** In user id order. */
+  users: string[];
+  /** Pass back for the next page; null on the last one. */
+  cursor: string | null;
 }
 
 export interface GroupEventFrame {
@@ -262,6 +323,9 @@ export interface ImClientEvents {
   typing: TypingFrame;
   presence: PresenceFrame;
   recalled: RecalledFrame;
+  edited: EditedFrame;
+  reaction: ReactionFrame;
+  conv_settings: ConvSettingsFrame;
   group_event: GroupEventFrame;
   notice: NoticeFrame;
   feed: FeedFrame;
@@ -295,6 +359,8 @@ export class ImError extends Error {
 export interface SendOptions {
   /** A cmid of your own (1-64 of [A-Za-z0-9_.:-]), e.g. to retry a send that failed with "unavailable". */
   cmid?: string;
+  /** The mid of a message of the same conversation this one answers (`reply_to`; else `bad_request`). */
+  replyTo?: number;
 }
 
 export class ImClient {
@@ -324,6 +390,13 @@ export class ImClient {
   presenceSub(users: string[]): Promise<PresenceFrame>;
   presenceUnsub(users: string[]): Promise<OkFrame>;
   recall(mid: number): Promise<OkFrame>;
+  /** The sender's new body (within IM_EDIT_WINDOW_S, never after a recall). */
+  edit(mid: number, body: Json): Promise<OkFrame>;
+  /** Add (default) or remove this user's emoji on a message. */
+  react(mid: number, emoji: string, on?: boolean): Promise<OkFrame>;
+  reactionUsers(mid: number, emoji: string, options?: { cursor?: string | null; limit?: number }): Promise<ReactionUsersPage>;
+  /** Change some of this user's settings of `conv` (a peer, or `g:GROUP`); all its devices get "conv_settings". */
+  setConversation(conv: string, settings: Partial<ConvSettings>): Promise<ConvSettingsResult>;
 
   join(room: string, options?: { history?: number; recoverJumps?: boolean }): Promise<JoinedFrame>;
   leave(room: string): Promise<LeftFrame>;

@@ -450,6 +450,11 @@ export class ImClient extends Emitter {
         if (typeof f.mid === "number") this._inbox.markRecalled(f.mid);
         this.emit("recalled", f);
         break;
+      case "edited":
+        // Told once: a sync page bringing the same edit makes no second "edited".
+        if (typeof f.mid === "number" && !this._inbox.markEdited(f.mid, f.edited)) break;
+        this.emit("edited", f);
+        break;
       case "left":
         this._rooms.onLeft(f);
         break;
@@ -461,6 +466,8 @@ export class ImClient extends Emitter {
         break;
       case "read":
       case "receipt":
+      case "reaction":
+      case "conv_settings":
       case "typing":
       case "presence":
       case "group_event":
@@ -506,11 +513,39 @@ export class ImClient extends Emitter {
 
   /** A 1:1 message; the ack frame. Resent with the same cmid over a reconnect until acked. */
   send(to, body, opts) {
-    return this._call({ op: "send", to, cmid: this._cmid(opts), body }, SEND);
+    return this._call(withReply({ op: "send", to, cmid: this._cmid(opts), body }, opts), SEND);
   }
 
   groupSend(group, body, opts) {
-    return this._call({ op: "group_send", group, cmid: this._cmid(opts), body }, SEND);
+    return this._call(withReply({ op: "group_send", group, cmid: this._cmid(opts), body }, opts), SEND);
+  }
+
+  /** The sender's new body of message `mid` (within the node's edit window); resent over a reconnect. */
+  edit(mid, body) {
+    if (body === undefined) return Promise.reject(new TypeError("edit: body is required"));
+    return this._call({ op: "edit", mid, body }, { resend: true });
+  }
+
+  /** Add (`on`, the default) or remove this user's `emoji` on message `mid`; idempotent, resent over a reconnect. */
+  react(mid, emoji, on = true) {
+    return this._call({ op: "react", mid, emoji, on: on !== false }, { resend: true });
+  }
+
+  /** Who reacted to message `mid` with `emoji`, by user id: `{users, cursor}` (cursor null on the last page). */
+  reactionUsers(mid, emoji, { cursor, limit } = {}) {
+    const q = new URLSearchParams({ emoji });
+    if (cursor) q.set("cursor", cursor);
+    if (limit !== undefined && limit !== null) q.set("limit", String(limit));
+    return this.http("GET", `/v1/messages/${encodeURIComponent(mid)}/reactions?${q}`);
+  }
+
+  /** This user's settings of a conversation (a peer, or `g:GROUP`): only the keys given change. */
+  setConversation(conv, settings = {}) {
+    const body = {};
+    for (const k of ["muted", "pinned", "archived"]) {
+      if (settings[k] !== undefined) body[k] = Boolean(settings[k]);
+    }
+    return this.http("PATCH", `/v1/conversations/${encodeURIComponent(conv)}`, body);
   }
 
   read(conv, mid) {
@@ -589,6 +624,13 @@ export class ImClient extends Emitter {
     if (!this._isOpen && !this._stopped) return Promise.reject(new ImError("offline", "not connected"));
     return this._call(frame);
   }
+}
+
+/** `frame` with `reply_to` when the options name a message it answers. */
+function withReply(frame, opts) {
+  const to = opts && opts.replyTo;
+  if (to !== undefined && to !== null && to !== 0) frame.reply_to = to;
+  return frame;
 }
 
 function chunks(list, size) {

@@ -14,6 +14,8 @@ export class Inbox {
     this.syncPageSize = syncPageSize;
     this.seen = new BoundedSet(dedupMax);
     this.recalled = new BoundedSet(dedupMax);
+    this.editedAt = new Map(); // mid -> the latest `edited` (unix ms) told for it
+    this.edits = new BoundedSet(dedupMax, (mid) => this.editedAt.delete(mid)); // bounds editedAt
     this.acks = new Set();
     this.ackTimer = null;
     this.catchUpTimer = null;
@@ -30,6 +32,16 @@ export class Inbox {
     this.recalled.add(mid);
   }
 
+  /** An edit of `mid` made at `at` (unix ms) is being told: false if it (or a later one) was already. */
+  markEdited(mid, at) {
+    if (typeof at !== "number") return true;
+    const known = this.editedAt.get(mid);
+    if (known !== undefined && known >= at) return false;
+    this.edits.add(mid);
+    this.editedAt.set(mid, at);
+    return true;
+  }
+
   /** A `msg` / `group_msg` from a push or a sync page: "message" once per mid. */
   incoming(m, pushed) {
     if (!m || typeof m.mid !== "number") return;
@@ -43,7 +55,14 @@ export class Inbox {
       }
       this.recalled.add(m.mid);
     }
-    if (!this.seen.add(m.mid)) return;
+    if (!this.seen.add(m.mid)) {
+      // Edited while we were away: the new body of a message already shown.
+      if (typeof m.edited === "number" && !this.recalled.has(m.mid) && this.markEdited(m.mid, m.edited)) {
+        c.emit("edited", { op: "edited", mid: m.mid, conv: convOf(m, c.user), body: m.body, edited: m.edited });
+      }
+      return;
+    }
+    if (typeof m.edited === "number") this.markEdited(m.mid, m.edited);
     c.emit("message", m);
     if (pushed && this.catchUpSyncMs > 0 && c._httpUrls && !this.catchUpTimer) {
       // Moves the cursor past what pushes brought (and fetches a push that was skipped).
@@ -119,4 +138,11 @@ export class Inbox {
       if (!page.more || !(page.next > since)) return;
     }
   }
+}
+
+/** The conversation of message `m` as `me` names it: the peer, or `g:GROUP`. */
+function convOf(m, me) {
+  if (m.group) return `g:${m.group}`;
+  if (m.conv) return m.conv;
+  return m.from === me ? m.to : m.from;
 }

@@ -1,6 +1,9 @@
 // Compiled, never run (npm run typecheck): the declarations as the demo uses them.
 import { ImClient, ImError } from "../src/imgate.js";
-import type { AckFrame, ChatMessage, JoinedFrame, RoomGapEvent, RoomRecoveredEvent } from "../src/imgate.js";
+import type {
+  AckFrame, ChatMessage, ConvSettingsResult, EditedFrame, JoinedFrame, ReactionFrame, ReactionUsersPage, RoomGapEvent,
+  RoomRecoveredEvent,
+} from "../src/imgate.js";
 
 async function demo(): Promise<void> {
   const c = new ImClient({
@@ -33,6 +36,10 @@ async function demo(): Promise<void> {
   c.on("group_event", (g) => console.log(g.event, g.users));
   c.on("notice", (n) => console.log(n.body));
   c.on("feed", (f) => console.log(f.post));
+  c.on("edited", (e: EditedFrame) => console.log(e.mid, e.conv, e.body, e.edited));
+  c.on("reaction", (r: ReactionFrame) => console.log(r.mid, r.from, r.emoji, r.on ? 1 : -1));
+  c.on("conv_settings", (s) => console.log(s.conv, s.muted, s.pinned, s.archived));
+  c.on("message", (m) => console.log(m.reply_to ?? 0, m.edited ?? 0, Object.entries(m.reactions ?? {}).map(([e, n]) => e + n)));
 
   await c.connect();
   const ack: AckFrame = await c.send("bob", { text: "hi" });
@@ -44,6 +51,16 @@ async function demo(): Promise<void> {
   const pr = await c.presenceSub(["bob"]);
   console.log(pr.users.bob.online);
   await c.presenceUnsub(["bob"]);
+  await c.send("bob", "an answer", { replyTo: ack.mid });
+  await c.groupSend("g1", "in the group", { replyTo: g.mid, cmid: "x1" });
+  await c.edit(ack.mid, { text: "hi!" });
+  await c.react(ack.mid, "👍");
+  await c.react(ack.mid, "👍", false);
+  let page: ReactionUsersPage = await c.reactionUsers(ack.mid, "👍", { limit: 50 });
+  if (page.cursor) page = await c.reactionUsers(ack.mid, "👍", { cursor: page.cursor });
+  console.log(page.users.length);
+  const set: ConvSettingsResult = await c.setConversation("bob", { muted: true, pinned: false });
+  console.log(set.ok, set.conv, set.muted, set.pinned, set.archived);
   await c.recall(ack.mid);
   const j: JoinedFrame = await c.join("room1", { history: 20 });
   console.log(j.online, j.epoch, j.msgs?.length);

@@ -100,6 +100,62 @@ test("pushes and sync pages: one message event per mid, recv_ack batched, cursor
   c.close();
 });
 
+test("edits: each one told once, pushed or brought by sync; reaction and conv_settings pushes as they are", async () => {
+  const node = fakeNode();
+  const { fetch } = fakeFetch([
+    { msgs: [msg(10), { ...msg(11), body: "first", edited: 500, reactions: { "👍": 2 } }], next: 11, more: false },
+    // A later sync: 10 edited (shown unedited: "edited"), 11 as already told (nothing), 12 new.
+    { msgs: [{ ...msg(10), body: "new 10", edited: 700 }, { ...msg(11), body: "first", edited: 500 }, msg(12)], next: 12, more: false },
+    { msgs: [{ op: "group_msg", mid: 13, seq: 1, group: "g1", from: "bob", body: "g", ts: 1, edited: 800 }], next: 13, more: false },
+    { msgs: [{ op: "group_msg", mid: 13, seq: 1, group: "g1", from: "bob", body: "g2", ts: 1, edited: 950 }], next: 13, more: false },
+  ]);
+  const c = new ImClient({ url: "ws://n1/ws", httpUrl: "http://n1", token: token("alice"), WebSocket: node.WebSocket, fetch, catchUpSyncMs: 0 });
+  const got = collect(c, "message");
+  const edits = collect(c, "edited");
+  await c.connect();
+  assert.deepEqual(got.map((m) => [m.mid, m.edited, m.reactions]), [[10, undefined, undefined], [11, 500, { "👍": 2 }]]);
+  const ws = node.sockets[0];
+  ws.push({ op: "edited", mid: 11, conv: "bob", body: "first", edited: 500 }); // already in the message: not again
+  ws.push({ op: "edited", mid: 10, conv: "bob", body: "new 10", edited: 700 });
+  await c.sync(); // brings 10 at the same edit: not again
+  assert.deepEqual(edits.map((e) => [e.mid, e.body, e.edited]), [[10, "new 10", 700]]);
+  ws.push({ op: "edited", mid: 12, conv: "bob", body: "x", edited: 900 });
+  ws.push({ op: "edited", mid: 12, conv: "bob", body: "older", edited: 850 }); // a late, older one
+  assert.deepEqual(edits.map((e) => e.mid), [10, 12]);
+  // Sync: a group message first seen edited is a "message"; then edited while away, an "edited" (conv g:GROUP).
+  await c.sync();
+  assert.equal(got.at(-1).mid, 13);
+  await c.sync();
+  assert.deepEqual(edits.at(-1), { op: "edited", mid: 13, conv: "g:g1", body: "g2", edited: 950 });
+  const reactions = collect(c, "reaction");
+  const settings = collect(c, "conv_settings");
+  const r = { op: "reaction", mid: 10, conv: "bob", from: "bob", emoji: "👍", on: true };
+  const s = { op: "conv_settings", conv: "bob", muted: true, pinned: false, archived: false };
+  ws.push(r);
+  ws.push(s);
+  assert.deepEqual(reactions, [r]);
+  assert.deepEqual(settings, [s]);
+  // edit / react / send with replyTo: the frames written.
+  const p1 = c.edit(10, { text: "e" });
+  const p2 = c.react(10, "🎉", false);
+  const p3 = c.send("bob", "re", { replyTo: 10 });
+  const p4 = c.send("bob", "plain");
+  await new Promise((res) => setTimeout(res, 5));
+  const [fe] = ws.sent.filter((f) => f.op === "edit");
+  const [fr] = ws.sent.filter((f) => f.op === "react");
+  const [f3, f4] = ws.sent.filter((f) => f.op === "send");
+  assert.deepEqual([fe.mid, fe.body], [10, { text: "e" }]);
+  assert.deepEqual([fr.mid, fr.emoji, fr.on], [10, "🎉", false]);
+  assert.equal(f3.reply_to, 10);
+  assert.equal("reply_to" in f4, false);
+  ws.push({ op: "ok", re: fe.id });
+  ws.push({ op: "ok", re: fr.id });
+  assert.equal((await p1).op, "ok");
+  assert.equal((await p2).op, "ok");
+  c.close();
+  await Promise.allSettled([p3, p4]);
+});
+
 test("keepalive: a silent link is dropped after the ping timeout and the next url is tried", async () => {
   const node = fakeNode(); // answers nothing, not even pong
   const c = new ImClient({ urls: ["ws://n1/ws", "ws://n2/ws"], token: token("alice"), WebSocket: node.WebSocket, pingIntervalMs: 30, pingTimeoutMs: 30, backoff: { minMs: 1, maxMs: 5 } });

@@ -29,12 +29,13 @@ from imgate_client.events import (
     SyncFailed,
 )
 from imgate_client.http import HttpClient, HttpError
+from imgate_client.ops import ConvSettings, ReactionUsers
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Ack", "Client", "ClientStopped", "Connected", "Connection", "ConnectionLost",
-    "Disconnected", "Event", "EventQueue", "HttpClient", "HttpError", "Joined", "Message",
-    "Push", "RoomGap", "RoomMessages", "RoomRejoined", "SendTimeout", "ServerError", "Stopped",
-    "SyncFailed", "with_token",
+    "ConvSettings", "Disconnected", "Event", "EventQueue", "HttpClient", "HttpError", "Joined",
+    "Message", "Push", "ReactionUsers", "RoomGap", "RoomMessages", "RoomRejoined", "SendTimeout",
+    "ServerError", "Stopped", "SyncFailed", "with_token",
 ]

@@ -30,6 +30,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 from imgate_client.connection import Connection, Disconnected
 from imgate_client.core import (
     MESSAGE_OPS,
+    MESSAGE_UPDATE_OPS,
     AckBatcher,
     Action,
     Frame,
@@ -397,6 +398,8 @@ class Client(Rooming, Ops, Syncing):
         elif op == "reconnect":
             if self._conn is not None:
                 self._on_moving(self._conn)
+        elif op in MESSAGE_UPDATE_OPS and self.inbox.hold(f):
+            return  # told after the sync under way, behind the messages it holds
         else:
             if op == "left" and f.get("reason") == "kicked":
                 self.rooms.forget(str(f.get("room")))
@@ -506,16 +509,25 @@ class Client(Rooming, Ops, Syncing):
             self.outbox.remove(p.cmid)
 
     async def send(self, to: str, body: Any, *, cmid: str | None = None,
-                   timeout: float | None = None) -> Ack:
+                   timeout: float | None = None, reply_to: int | None = None) -> Ack:
         """A 1:1 message; its ack once the node stored it. Written again with the same
         ``cmid`` after a reconnect, an ack timeout or ``unavailable``. ServerError if
-        refused for good, SendTimeout after ``timeout`` (default ``send_timeout``)."""
-        return await self._submit("send", {"to": to, "body": body}, cmid, timeout)
+        refused for good, SendTimeout after ``timeout`` (default ``send_timeout``).
+        ``reply_to``: the mid of a message of this conversation it answers (another
+        is ``bad_request``); stored with it (``Message.reply_to``)."""
+        fields: dict[str, Any] = {"to": to, "body": body}
+        if reply_to is not None:
+            fields["reply_to"] = reply_to
+        return await self._submit("send", fields, cmid, timeout)
 
     async def group_send(self, group: str, body: Any, *, cmid: str | None = None,
-                         timeout: float | None = None) -> Ack:
-        """A group message (``Ack.seq``: its place in the group); as ``send``."""
-        return await self._submit("group_send", {"group": group, "body": body}, cmid, timeout)
+                         timeout: float | None = None, reply_to: int | None = None) -> Ack:
+        """A group message (``Ack.seq``: its place in the group); as ``send``
+        (``reply_to``: a mid of this group)."""
+        fields: dict[str, Any] = {"group": group, "body": body}
+        if reply_to is not None:
+            fields["reply_to"] = reply_to
+        return await self._submit("group_send", fields, cmid, timeout)
 
     # -- requests ------------------------------------------------------------------------------
     async def _wait_ready(self, deadline: float) -> Connection:

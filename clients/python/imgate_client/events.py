@@ -20,8 +20,10 @@ decides them. ``EventQueue`` turns that callback into an async iterator.
   another epoch, recovery off or rate limited, or failed), told before the
   messages that follow them (``imgate_client.core.rooms``).
 - ``Push``: any other push: ``read``, ``receipt``, ``typing``, ``presence``,
-  ``recalled``, ``notice``, ``group_event``, ``feed``, ``left`` (kicked),
-  ``error``.
+  ``recalled``, ``edited``, ``reaction``, ``conv_settings``, ``notice``,
+  ``group_event``, ``feed``, ``left`` (kicked), ``error``. ``recalled``,
+  ``edited`` and ``reaction`` arriving during a sync are told after it, behind
+  the messages it delivered, so one never comes before its message.
 - ``SyncFailed``: the sync after a connect failed (tried again at the next
   connect, when the dedup window fills, or by ``sync()``).
 """
@@ -102,6 +104,26 @@ class Message:
     @property
     def recalled(self) -> bool:
         return self.frame.get("recalled") is True
+
+    @property
+    def reply_to(self) -> int | None:
+        """The mid of the message of the conversation this one answers."""
+        r = self.frame.get("reply_to")
+        return r if isinstance(r, int) and not isinstance(r, bool) else None
+
+    @property
+    def edited(self) -> int | None:
+        """When (unix ms) it was last edited, as stored when it was read (a later
+        edit comes as ``Push("edited")``)."""
+        e = self.frame.get("edited")
+        return e if isinstance(e, int) and not isinstance(e, bool) else None
+
+    @property
+    def reactions(self) -> dict[str, int]:
+        """``{emoji: count}`` as a sync entry carries them (a push has none: changes
+        come as ``Push("reaction")``)."""
+        r = self.frame.get("reactions")
+        return dict(r) if isinstance(r, dict) else {}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The ``Client``'s sync: ``GET /v1/sync`` from the cursor, page after page, each
 message not delivered yet becoming a ``Message`` (the ``Inbox`` of the core
-decides); pushes held meanwhile are delivered after it. A mixin on ``Client``:
+decides); pushes held meanwhile are delivered after it (the messages, then the
+pushes about stored messages: ``recalled``, ``edited``, ``reaction``). A mixin on ``Client``:
 after every connect, when the dedup window fills, and on ``sync()``."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import contextlib
 from typing import Any
 
 from imgate_client.core import Frame, Inbox
-from imgate_client.events import Event, Stopped, SyncFailed
+from imgate_client.events import Event, Push, Stopped, SyncFailed
 from imgate_client.http import HttpError
 
 __all__ = ["Syncing"]
@@ -83,3 +84,5 @@ class Syncing:
     def _release_held(self) -> None:
         for f in self.inbox.end_sync():
             self._deliver(f, "push")
+        for f in self.inbox.after_sync():  # edited, reaction, recalled: after their messages
+            self._emit(Push(str(f.get("op")), f))

@@ -153,6 +153,22 @@ def test_each_mid_is_delivered_once_by_push_or_sync():
     assert ib.remembered == 1  # only 20 is above the cursor
 
 
+def test_pushes_about_a_message_held_during_a_sync_come_after_the_messages():
+    ib = Inbox(since=0)
+    edited = {"op": "edited", "mid": 20, "conv": "a", "body": "new", "edited": 1}
+    reaction = {"op": "reaction", "mid": 20, "conv": "a", "from": "b", "emoji": "+1",
+                "on": True}
+    assert ib.hold(edited) is False  # no sync under way: told now
+    ib.begin_sync()
+    assert ib.push(msg(20)) is None  # held
+    assert ib.hold(edited) and ib.hold(reaction) and ib.hold({"op": "recalled", "mid": 20})
+    assert ib.hold({"op": "typing", "conv": "a"}) is False  # not about a stored message
+    ib.on_sync_page({"msgs": [msg(10)], "next": 10, "more": False})
+    assert [m["mid"] for m in ib.end_sync()] == [20]
+    assert [f["op"] for f in ib.after_sync()] == ["edited", "reaction", "recalled"]
+    assert ib.after_sync() == [] and ib.hold(edited) is False
+
+
 def test_a_message_stored_late_below_the_cursor_is_delivered_by_its_push_once():
     ib = Inbox(since=0)
     ib.begin_sync()

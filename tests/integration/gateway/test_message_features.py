@@ -313,3 +313,27 @@ async def test_settings_sync_devices_pin_first_and_mute_offline_events(
     await http(alice, n1).patch(f"/v1/conversations/{dave}", json={"muted": False})
     await d.request("send", to=alice, cmid="m3", body="heard")
     assert [e["conv"] for e in await events.until(2)] == [bob, dave]
+
+
+async def test_a_muted_group_makes_no_offline_msg_and_offline_group_names_its_muters(
+        make_node, connect, http, events):  # noqa: F811 - the fixture
+    n1, n2 = await two_nodes(make_node, group_write_diffusion_max=3)
+    alice, bob, carol, dave = uid("a"), uid("b"), uid("c"), uid("d")
+    small = await new_group(http, alice, n1, [bob, carol])
+    big = await new_group(http, alice, n1, [bob, carol, dave])  # read diffusion
+    for g in (small, big):
+        r = await http(bob, n2).patch(f"/v1/conversations/g:{g}", json={"muted": True})
+        assert r.status_code == 200, r.text
+    stranger = await http(dave, n2).patch(f"/v1/conversations/g:{small}", json={"muted": True})
+    assert stranger.status_code == 403
+    a = await connect(n1, alice)
+    await a.request("group_send", group=small, cmid="s1", body="small")
+    await a.request("group_send", group=big, cmid="b1", body="big")
+    got = await events.until(2)
+    assert [(e["type"], e.get("user")) for e in got] == [("offline.msg", carol),
+                                                         ("offline.group", None)]
+    assert got[1]["muted"] == [bob]
+    assert len(await events.until(3, timeout=1.0)) == 2  # none for bob in the small group
+    r = await http(bob, n1).get("/v1/conversations")
+    unread = {c["conv"]: (c["unread"], c["muted"]) for c in r.json()["conversations"]}
+    assert unread[f"g:{small}"] == (1, True) and unread[f"g:{big}"] == (1, True)

@@ -16,6 +16,7 @@ from imgate_client.core.frames import (
     CLOSE_STOPPED,
     CLOSE_TOKEN_EXPIRED,
     MESSAGE_OPS,
+    MESSAGE_UPDATE_OPS,
     Frame,
     RequestIds,
     decode,
@@ -36,6 +37,7 @@ from imgate_client.core.rooms import Joined, RoomGap, RoomOut, Rooms, RoomState
 
 __all__ = [
     "CLOSE_GOING_AWAY", "CLOSE_NORMAL", "CLOSE_STOPPED", "CLOSE_TOKEN_EXPIRED", "MESSAGE_OPS",
+    "MESSAGE_UPDATE_OPS",
     "AckBatcher", "Action", "Backoff", "Decision", "Frame", "Inbox", "Joined", "Outbox",
     "Outcome", "PendingSend", "ReconnectPolicy", "RequestIds", "RoomGap", "RoomOut",
     "RoomState", "Rooms", "decode",

@@ -19,8 +19,8 @@ import orjson
 
 __all__ = [
     "CLOSE_GOING_AWAY", "CLOSE_NORMAL", "CLOSE_STOPPED", "CLOSE_TOKEN_EXPIRED", "Frame",
-    "MESSAGE_OPS", "RequestIds", "decode", "encode", "error_of", "is_id", "make", "new_cmid",
-    "token_claims", "token_expiry", "token_user", "with_token",
+    "MESSAGE_OPS", "MESSAGE_UPDATE_OPS", "RequestIds", "decode", "encode", "error_of", "is_id",
+    "make", "new_cmid", "token_claims", "token_expiry", "token_user", "with_token",
 ]
 
 Frame = dict[str, Any]
@@ -32,6 +32,9 @@ CLOSE_STOPPED = 4003  # the product's backend closed it (disconnect, ban, revoke
 CLOSE_REPLACED = 4005  # a newer connection took this device's slot (login policy): stop
 
 MESSAGE_OPS = frozenset({"msg", "group_msg"})  # stored messages: they have a mid, sync has them
+# Pushes about a stored message (its ``mid``): held with the messages during a sync, so
+# one never comes before the message it is about.
+MESSAGE_UPDATE_OPS = frozenset({"recalled", "edited", "reaction"})
 
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 

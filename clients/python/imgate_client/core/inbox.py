@@ -13,6 +13,11 @@ remembered and not among them. A mid older than all of them and at or below
 the cursor is taken for a repeat. ``wants_sync`` asks for a sync when half the
 window is mids above the cursor. A mid seen twice, by push or by sync, is
 delivered once.
+
+Pushes about a stored message (``recalled``, ``edited``, ``reaction``) that
+arrive during a sync are held too (``hold``) and given back after the held
+messages (``after_sync``), in arrival order: one never comes before the
+message it is about (a message held, or in a sync page not read yet).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import heapq
 import time
 from typing import Any
 
-from imgate_client.core.frames import MESSAGE_OPS, Frame
+from imgate_client.core.frames import MESSAGE_OPS, MESSAGE_UPDATE_OPS, Frame
 
 __all__ = ["AckBatcher", "Inbox"]
 
@@ -37,6 +42,7 @@ class Inbox:
         self._heap: list[int] = []  # the same mids, smallest first, for forgetting
         self._above = 0  # of them, those above the cursor
         self._held: list[Frame] | None = None  # pushes during a sync
+        self._after: list[Frame] = []  # pushes about a stored message, held with them
         self._pages = 0
         self.evicted = 0  # mids forgotten for room before a sync covered them
 
@@ -86,6 +92,15 @@ class Inbox:
             return None
         return frame if self.fresh(mid) else None
 
+    def hold(self, frame: Frame) -> bool:
+        """A push about a stored message (``recalled``, ``edited``, ``reaction``):
+        True if held because a sync is under way (``after_sync`` gives it back once
+        it ends); False: tell it now."""
+        if self._held is None or frame.get("op") not in MESSAGE_UPDATE_OPS:
+            return False
+        self._after.append(frame)
+        return True
+
     # -- sync ------------------------------------------------------------------
     @property
     def syncing(self) -> bool:
@@ -121,6 +136,12 @@ class Inbox:
         held, self._held = self._held or [], None
         held.sort(key=lambda f: f["mid"])
         return [f for f in held if self.fresh(f["mid"])]
+
+    def after_sync(self) -> list[Frame]:
+        """The pushes ``hold`` kept, in arrival order (once): tell them after the
+        messages ``end_sync`` returned."""
+        after, self._after = self._after, []
+        return after
 
 
 class AckBatcher:
