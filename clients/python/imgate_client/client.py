@@ -398,8 +398,11 @@ class Client(Rooming, Ops, Syncing):
         elif op == "reconnect":
             if self._conn is not None:
                 self._on_moving(self._conn)
-        elif op in MESSAGE_UPDATE_OPS and self.inbox.hold(f):
-            return  # told after the sync under way, behind the messages it holds
+        elif op in MESSAGE_UPDATE_OPS:
+            # Held during a sync (told after it, behind its messages); an edit or a
+            # recall told already (the message delivered had it) is not told again.
+            if not self.inbox.hold(f) and self.inbox.update(f):
+                self._emit(Push(str(op), f))
         else:
             if op == "left" and f.get("reason") == "kicked":
                 self.rooms.forget(str(f.get("room")))

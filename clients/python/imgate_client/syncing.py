@@ -1,7 +1,10 @@
 """The ``Client``'s sync: ``GET /v1/sync`` from the cursor, page after page, each
 message not delivered yet becoming a ``Message`` (the ``Inbox`` of the core
 decides); pushes held meanwhile are delivered after it (the messages, then the
-pushes about stored messages: ``recalled``, ``edited``, ``reaction``). A mixin on ``Client``:
+pushes about stored messages: ``recalled``, ``edited``, ``reaction``). A
+message delivered before that a page brings again edited or recalled since
+(the push missed while offline) is told as the ``edited`` / ``recalled`` push
+would have been. A mixin on ``Client``:
 after every connect, when the dedup window fills, and on ``sync()``."""
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ class Syncing:
     sync_limit: int
     stopped: Stopped | None
     _sync_lock: asyncio.Lock
+
+    @property
+    def user(self) -> str | None:
+        raise NotImplementedError
 
     async def http(self, method: str, path: str, *, json: Any = None,
                    params: dict[str, Any] | None = None) -> Any:
@@ -57,6 +64,8 @@ class Syncing:
                     msgs, more = self.inbox.on_sync_page(page)
                     for m in msgs:
                         self._deliver(m, "sync")
+                    for f in self.inbox.changes(self.user):  # edited / recalled while away
+                        self._emit(Push(str(f["op"]), f))
                     delivered += len(msgs)
                     if not more:
                         break

@@ -182,3 +182,19 @@ async def test_the_documented_example_hook_runs_in_one_command(make_node, connec
     finally:
         proc.kill()
         await proc.wait()
+
+
+async def test_an_edit_goes_through_the_send_hook(make_node, connect, http, hook):
+    node = await make_node(**hooked(hook))
+    a, b = uid("a"), uid("b")
+    ca, cb = await connect(node, a), await connect(node, b)
+    sent = await ca.request("send", to=b, cmid="c1", body="hello")
+    await cb.next_push("msg")
+    refused = await ca.request("edit", mid=sent["mid"], body="buy spam")
+    assert (refused["code"], refused["message"]) == ("forbidden", "no spam here")
+    assert (await ca.request("edit", mid=sent["mid"], body="darn"))["op"] == "ok"
+    assert (await cb.next_push("edited"))["body"] == "****"
+    assert hook.calls[-1] == {"hook": "send", "user": a, "to": b, "cmid": "c1",
+                              "edit": sent["mid"], "body": "darn"}
+    hist = (await http(b, node).get(f"/v1/history/{a}")).json()["msgs"]
+    assert [m["body"] for m in hist] == ["****"]

@@ -18,6 +18,14 @@ Pushes about a stored message (``recalled``, ``edited``, ``reaction``) that
 arrive during a sync are held too (``hold``) and given back after the held
 messages (``after_sync``), in arrival order: one never comes before the
 message it is about (a message held, or in a sync page not read yet).
+
+Each edit and each recall of a message delivered is told once: for every mid
+remembered, the newest ``edited`` (unix ms) and whether its recall was told,
+from the message as delivered and from the pushes (``update`` says whether to
+tell one). A sync page may bring again a message delivered before (pushes do
+not move the cursor) edited or recalled meanwhile, e.g. while the client was
+offline and missed the push: ``changes`` makes the ``edited`` / ``recalled``
+frame of each such change, as the push would have been.
 """
 
 from __future__ import annotations
@@ -43,6 +51,9 @@ class Inbox:
         self._above = 0  # of them, those above the cursor
         self._held: list[Frame] | None = None  # pushes during a sync
         self._after: list[Frame] = []  # pushes about a stored message, held with them
+        self._edited: dict[int, int] = {}  # mid remembered -> newest edit told (unix ms)
+        self._recalled: set[int] = set()  # mids remembered whose recall was told
+        self._changed: list[Frame] = []  # sync entries of mids delivered, changed since
         self._pages = 0
         self.evicted = 0  # mids forgotten for room before a sync covered them
 
@@ -58,6 +69,8 @@ class Inbox:
         while len(self._seen) > self.window:
             gone = heapq.heappop(self._heap)
             self._seen.discard(gone)
+            self._edited.pop(gone, None)
+            self._recalled.discard(gone)
             if gone > self.cursor:
                 self._above -= 1
                 self.evicted += 1  # forgotten before a sync covered it
@@ -90,7 +103,38 @@ class Inbox:
         if self._held is not None:
             self._held.append(frame)
             return None
-        return frame if self.fresh(mid) else None
+        return self._delivered(frame) if self.fresh(mid) else None
+
+    def _delivered(self, m: Frame) -> Frame:
+        """``m`` is delivered (its mid remembered): its edit and its recall are told."""
+        self._told(m["mid"], m)
+        return m
+
+    def _told(self, mid: int, f: Frame) -> bool:
+        """Note the edit or recall ``f`` (a message, or a push about ``mid``) as told;
+        False if it was already (an edit not newer than one told, a recall told)."""
+        if f.get("recalled") is True or f.get("op") == "recalled":
+            if mid in self._recalled:
+                return False
+            if mid in self._seen:
+                self._recalled.add(mid)
+            return True
+        at = f.get("edited")
+        if not isinstance(at, int) or isinstance(at, bool):
+            return True
+        if at <= self._edited.get(mid, 0):
+            return False
+        if mid in self._seen:  # a mid not remembered is not kept (bounded)
+            self._edited[mid] = at
+        return True
+
+    def update(self, frame: Frame) -> bool:
+        """A push about a stored message, not held: True to tell it (a reaction
+        always; an edit or a recall unless told already)."""
+        mid = frame.get("mid")
+        if frame.get("op") == "reaction" or not isinstance(mid, int):
+            return True
+        return self._told(mid, frame)
 
     def hold(self, frame: Frame) -> bool:
         """A push about a stored message (``recalled``, ``edited``, ``reaction``):
@@ -120,8 +164,14 @@ class Inbox:
     def on_sync_page(self, page: dict[str, Any]) -> tuple[list[Frame], bool]:
         """A page's messages not delivered yet (oldest first), and whether to ask for
         another page."""
-        out = [m for m in page.get("msgs") or ()
-               if isinstance(m, dict) and isinstance(m.get("mid"), int) and self.fresh(m["mid"])]
+        out: list[Frame] = []
+        for m in page.get("msgs") or ():
+            if not isinstance(m, dict) or not isinstance(m.get("mid"), int):
+                continue
+            if self.fresh(m["mid"]):
+                out.append(self._delivered(m))
+            elif m["mid"] in self._seen and self._told(m["mid"], m):
+                self._changed.append(m)  # edited or recalled since it was delivered
         nxt = page.get("next")
         moved = isinstance(nxt, int) and nxt > self.cursor
         if moved:
@@ -135,13 +185,33 @@ class Inbox:
         mid order."""
         held, self._held = self._held or [], None
         held.sort(key=lambda f: f["mid"])
-        return [f for f in held if self.fresh(f["mid"])]
+        return [self._delivered(f) for f in held if self.fresh(f["mid"])]
 
     def after_sync(self) -> list[Frame]:
-        """The pushes ``hold`` kept, in arrival order (once): tell them after the
-        messages ``end_sync`` returned."""
+        """The pushes ``hold`` kept, in arrival order, those to tell (``update``):
+        tell them after the messages ``end_sync`` returned."""
         after, self._after = self._after, []
-        return after
+        return [f for f in after if self.update(f)]
+
+    def changes(self, user: str | None) -> list[Frame]:
+        """The ``edited`` / ``recalled`` frames of the messages delivered before that
+        the sync pages since the last call brought again, edited or recalled since
+        (``conv`` as ``user`` names it, for 1:1 entries that lack it)."""
+        changed, self._changed = self._changed, []
+        return [_change(m, user) for m in changed]
+
+
+def _change(m: Frame, user: str | None) -> Frame:
+    """The push a change of message ``m`` (a sync entry) would have been."""
+    conv = m.get("conv")
+    if not isinstance(conv, str):
+        group = m.get("group")
+        conv = f"g:{group}" if isinstance(group, str) else (
+            m.get("to") if m.get("from") == user else m.get("from"))
+    if m.get("recalled") is True:
+        return {"op": "recalled", "mid": m["mid"], "conv": conv, "by": m.get("from")}
+    return {"op": "edited", "mid": m["mid"], "conv": conv, "body": m.get("body"),
+            "edited": m["edited"]}
 
 
 class AckBatcher:
