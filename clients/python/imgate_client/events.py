@@ -23,7 +23,9 @@ decides them. ``EventQueue`` turns that callback into an async iterator.
   ``recalled``, ``edited``, ``reaction``, ``conv_settings``, ``notice``,
   ``group_event``, ``feed``, ``left`` (kicked), ``error``. ``recalled``,
   ``edited`` and ``reaction`` arriving during a sync are told after it, behind
-  the messages it delivered, so one never comes before its message.
+  the messages it delivered, so one never comes before its message; each edit
+  and recall of a delivered message is told once, and a sync bringing one
+  again changed since (the push missed) makes the push it would have been.
 - ``SyncFailed``: the sync after a connect failed (tried again at the next
   connect, when the dedup window fills, or by ``sync()``).
 """

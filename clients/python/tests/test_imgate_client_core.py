@@ -169,6 +169,50 @@ def test_pushes_about_a_message_held_during_a_sync_come_after_the_messages():
     assert ib.after_sync() == [] and ib.hold(edited) is False
 
 
+def test_each_edit_and_recall_is_told_once_and_a_sync_tells_what_changed_while_away():
+    ib = Inbox(since=0, window=6)
+    ib.push(msg(10))  # from "a" to "b": delivered by push, so the cursor stays below it
+    ib.push({**msg(11), "edited": 500})  # delivered edited already
+    group = {"op": "group_msg", "mid": 12, "seq": 1, "group": "g1", "from": "c", "body": 1}
+    ib.push(group)
+    edit = {"op": "edited", "mid": 10, "conv": "a", "body": "new", "edited": 600}
+    assert ib.update(edit) and not ib.update(edit)  # told once
+    assert not ib.update({**edit, "edited": 550})  # older than the one told
+    assert not ib.update({"op": "edited", "mid": 11, "edited": 500})  # the message had it
+    assert ib.update({"op": "reaction", "mid": 10}) and ib.update({"op": "reaction", "mid": 10})
+    ib.fresh(9)  # as the client's own sent message is
+    # A sync brings them again: 9 unchanged, 10 as told, 11 edited again, 12 edited, 13 new.
+    ib.begin_sync()
+    out, _ = ib.on_sync_page({"msgs": [
+        msg(9), {**msg(10), "body": "new", "edited": 600},
+        {**msg(11), "body": "v2", "edited": 700}, {**group, "body": 2, "edited": 800},
+        msg(13)], "next": 13, "more": False})
+    assert [m["mid"] for m in out] == [13]
+    assert ib.changes("b") == [
+        {"op": "edited", "mid": 11, "conv": "a", "body": "v2", "edited": 700},
+        {"op": "edited", "mid": 12, "conv": "g:g1", "body": 2, "edited": 800}]
+    assert ib.changes("b") == []
+    assert ib.end_sync() == [] and ib.after_sync() == []
+    assert not ib.update({"op": "edited", "mid": 12, "edited": 800})  # the sync told it
+    # Recalled while away: told once, from the tombstone (conv: from the sender's side).
+    ib.begin_sync()
+    tomb = {"op": "msg", "mid": 11, "from": "a", "to": "b", "ts": 1, "recalled": True}
+    ib.on_sync_page({"msgs": [tomb], "next": 13, "more": False})
+    ib.on_sync_page({"msgs": [tomb], "next": 13, "more": False})
+    assert ib.changes("a") == [{"op": "recalled", "mid": 11, "conv": "b", "by": "a"}]
+    ib.end_sync()
+    assert not ib.update({"op": "recalled", "mid": 11, "conv": "a", "by": "a"})
+    # A page read before the recall, edited: not told after the recall.
+    ib.on_sync_page({"msgs": [{**msg(11), "edited": 900}], "next": 13, "more": False})
+    assert ib.changes("b") == []
+    # Bounded: a mid forgotten from the window is forgotten here too.
+    for mid in range(20, 26):
+        ib.fresh(mid)
+    assert not ib._edited and not ib._recalled
+    assert ib.update({"op": "edited", "mid": 99, "edited": 1})  # never delivered: told
+    assert ib.update({"op": "edited", "mid": 99, "edited": 1}) and 99 not in ib._edited
+
+
 def test_a_message_stored_late_below_the_cursor_is_delivered_by_its_push_once():
     ib = Inbox(since=0)
     ib.begin_sync()

@@ -4,8 +4,10 @@ real nodes, two of them each time: ``edit`` / ``react`` / ``reply_to`` /
 ``conv_settings`` pushes reaching every device (``Push``), an offline user
 seeing the edit and the reactions in the messages its sync delivers
 (``Message.edited``, ``.reactions``, ``.reply_to``), in 1:1 conversations and
-in small (write diffusion) and big (read diffusion) groups; and a push about a
-message arriving while a sync is under way told after that message."""
+in small (write diffusion) and big (read diffusion) groups; a push about a
+message arriving while a sync is under way told after that message; and an
+edit and a recall whose pushes the client missed (its link cut) told from the
+sync after its reconnect, each once."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import pytest
 from imgate_client import (
     Client,
     Connected,
+    ConnectionLost,
     ConvSettings,
+    EventQueue,
     HttpError,
     Message,
     Push,
@@ -26,7 +30,7 @@ from imgate_client import (
 
 from router.routing import group_key
 from testkit.poll import until
-from tests.conftest import settle, uid
+from tests.conftest import settle, token, uid
 from tests.integration.sdk.test_python_sdk import messages, push
 from tests.integration.sdk.test_python_sdk import sdk as sdk_fixture
 
@@ -335,23 +339,26 @@ async def test_conversation_settings_reach_every_device_and_pin_first(make_node,
     assert no.value.status == 403 and "IM_PINNED_MAX" in no.value.message
 
 
-# -- ordering --------------------------------------------------------------------------------
+# -- ordering and missed pushes ---------------------------------------------------------------
 async def test_an_edit_pushed_during_a_sync_is_told_after_its_message(make_node, sdk):
-    """bob's first sync is held up while alice sends a message and edits it: the
-    message's push is held with the sync, and so is the ``edited`` push, which is
-    told after the message, never before it."""
+    """bob's first sync page is read, and its answer held up, while alice sends a
+    message, edits it and reacts to it: the message's push is held with the sync,
+    and so are the ``edited`` and ``reaction`` pushes, told after the message,
+    never before it."""
     n1, n2 = await two_nodes(make_node)
     alice, bob = uid("a"), uid("b")
     a = sdk(alice, n1)
     await a.connect()
     b = sdk(bob, n2)
-    gate = asyncio.Event()
+    gate, asked = asyncio.Event(), asyncio.Event()
     plain = b.http
 
     async def slow_sync(method: str, path: str, **kw: Any) -> Any:
-        if path == "/v1/sync":
-            await gate.wait()
-        return await plain(method, path, **kw)
+        answer = await plain(method, path, **kw)
+        if path == "/v1/sync" and not gate.is_set():
+            asked.set()
+            await gate.wait()  # read before the message was sent: it is not in it
+        return answer
 
     b.http = slow_sync  # type: ignore[method-assign]
     arrived: list[str] = []  # the ops of the pushes that reached bob's client
@@ -363,7 +370,7 @@ async def test_an_edit_pushed_during_a_sync_is_told_after_its_message(make_node,
 
     b._on_frame = spy  # type: ignore[method-assign]
     connecting = asyncio.create_task(b.connect())
-    assert await until(lambda: b.connected and b.inbox.syncing, timeout=10)
+    await asyncio.wait_for(asked.wait(), 10)
     mid = (await a.send(bob, "tpyo")).mid
     await a.edit(mid, "typo")
     await a.react(mid, "ok")
@@ -377,7 +384,51 @@ async def test_an_edit_pushed_during_a_sync_is_told_after_its_message(make_node,
     told = [e for e in b.q.drain() if isinstance(e, (Message, Push))]  # type: ignore
     assert [(type(e).__name__, e.op) for e in told] == [
         ("Message", "msg"), ("Push", "edited"), ("Push", "reaction")]
-    m = told[0]
-    assert isinstance(m, Message) and m.mid == mid
-    # By sync (read after the edit: its body is the new one) or by its held push.
-    assert m.body == "typo" if m.via == "sync" else m.body == "tpyo"
+    m, edited = told[0], told[1]
+    assert isinstance(m, Message) and (m.mid, m.via, m.body) == (mid, "push", "tpyo")
+    assert isinstance(edited, Push) and edited.frame["body"] == "typo"
+    # Told once: the next sync brings the message edited, as already told.
+    assert await b.sync() == 0
+    await asyncio.sleep(0.2)
+    assert not [e for e in b.q.drain() if isinstance(e, (Message, Push))]  # type: ignore
+
+
+async def test_an_edit_and_a_recall_missed_while_away_are_told_after_the_sync(
+        make_node, proxy, sdk):
+    """bob's client got three messages by push, then lost its link (a proxy cut)
+    while alice edited one and recalled another: the pushes are lost, but its
+    sync after the reconnect brings those messages again, changed, and the client
+    tells each change as the push would have (each once, no message twice)."""
+    n1, n2 = await two_nodes(make_node)
+    link = await proxy(n2.ws_port)
+    alice, bob = uid("a"), uid("b")
+    a = sdk(alice, n1)
+    q = EventQueue()
+    b = Client([f"ws://127.0.0.1:{link.port}/ws"], http_urls=[f"http://127.0.0.1:{n2.http_port}"],
+               token=token(bob), on_event=q)
+    try:
+        await connected(a, b)
+        mids = [(await a.send(bob, f"m{i}")).mid for i in range(3)]
+        assert [(await q.next(Message)).mid for _ in mids] == mids
+        assert b.cursor < mids[0]  # pushes do not move it: the sync will bring them again
+        link.cut()
+        await q.next(ConnectionLost)
+        await a.edit(mids[0], "m0 fixed")
+        at = (await push(a, "edited"))["edited"]
+        await a.recall(mids[1])
+        await a.react(mids[2], "ok")  # a change of counts: not told (see the README)
+        link.restore()
+        up = await q.next(Connected, Push, timeout=20)
+        changes = []
+        while not isinstance(up, Connected):
+            changes.append(up.frame)
+            up = await q.next(Connected, Push, timeout=20)
+        assert up.reconnect and up.synced == 0
+        assert changes == [
+            {"op": "edited", "mid": mids[0], "conv": alice, "body": "m0 fixed", "edited": at},
+            {"op": "recalled", "mid": mids[1], "conv": alice, "by": alice}]
+        assert await b.sync() == 0
+        await asyncio.sleep(0.2)
+        assert not [e for e in q.drain() if isinstance(e, (Message, Push))]
+    finally:
+        await b.close()

@@ -119,11 +119,11 @@ class Inbox:
             if mid in self._seen:
                 self._recalled.add(mid)
             return True
-        at = f.get("edited")
-        if not isinstance(at, int) or isinstance(at, bool):
+        if not _edited(f):
             return True
-        if at <= self._edited.get(mid, 0):
-            return False
+        at = f["edited"]
+        if mid in self._recalled or at <= self._edited.get(mid, 0):
+            return False  # recalled (told): an older view of it; or an edit told
         if mid in self._seen:  # a mid not remembered is not kept (bounded)
             self._edited[mid] = at
         return True
@@ -170,7 +170,8 @@ class Inbox:
                 continue
             if self.fresh(m["mid"]):
                 out.append(self._delivered(m))
-            elif m["mid"] in self._seen and self._told(m["mid"], m):
+            elif m["mid"] in self._seen and (m.get("recalled") is True or _edited(m)) \
+                    and self._told(m["mid"], m):
                 self._changed.append(m)  # edited or recalled since it was delivered
         nxt = page.get("next")
         moved = isinstance(nxt, int) and nxt > self.cursor
@@ -199,6 +200,11 @@ class Inbox:
         (``conv`` as ``user`` names it, for 1:1 entries that lack it)."""
         changed, self._changed = self._changed, []
         return [_change(m, user) for m in changed]
+
+
+def _edited(m: Frame) -> bool:
+    at = m.get("edited")
+    return isinstance(at, int) and not isinstance(at, bool)
 
 
 def _change(m: Frame, user: str | None) -> Frame:
