@@ -241,7 +241,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     edits = Edits(stores.messages, stores.offline, stores.groups, stores.group_cache,
                   s.edit_window_s)
     conversations = Conversations(chat, groups, s.sync_settle_ms, low_mark, reactions,
-                                  stores.conv_settings)
+                                  stores.conv_settings, stores.changes)
     replay.low_mark = low_mark  # a replay reaches back to sends in flight
     live = LiveRooms(name, RoomRules.from_settings(s), metrics, room_hub, router, stores.rooms,
                      bindings,
@@ -290,7 +290,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     ops = MessageOps(conversations, chat, groups, router, s.recall_window_s,
                      lambda g, conn: conn in (group_hub.members.get(g) or {}), watchers, query,
                      relations, Features(edits, reactions, stores.conv_settings,
-                                         stores.group_cache, s.pinned_max, hooks))
+                                         stores.group_cache, s.pinned_max, stores.changes,
+                                         mids, hooks))
 
     def relations_applied(users: list[str], ctl: RelationChange) -> Awaitable[None] | None:
         relations.apply_control(users, ctl)  # forgotten first: the checks read afresh

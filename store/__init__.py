@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from core.errors import Unavailable
 from store import ports
+from store.changes_redis import ChangesRedis
 from store.conv_settings_mongo import ConvSettingsMongo
 from store.conv_settings_redis import ConvSettingsRedis
 from store.counters_redis import CountersRedis
@@ -78,6 +79,7 @@ class Stores:
     relations: ports.RelationStore
     reactions: ports.ReactionStore
     conv_settings: ports.ConvSettingStore
+    changes: ports.ChangeLog
     keeper: Callable[[str, int, float], ports.LeaseKeeper]  # (node name, number, period)
     check_redis: Callable[[], Awaitable[None]]
     check_mongo: Callable[[], Awaitable[None]]
@@ -148,4 +150,5 @@ def open_stores(*, redis_url: str, redis_cluster: bool = False, mongo_url: str,
         relations=RelationsMongo(db, follows),
         reactions=ReactionsRedis(redis, keys, reactions, reaction_shards),
         conv_settings=ConvSettingsRedis(redis, keys, conv_settings),
+        changes=ChangesRedis(redis, keys, limits.offline_max, limits.offline_ttl_s),
         check_redis=offline.ping, check_mongo=check_mongo, prepare=prepare, close=close)

@@ -245,6 +245,12 @@ class GroupsMongo:
                 {"$set": {"recalled": True}, "$unset": {"body": ""}})
         return None if d is None else group_message({**d, "recalled": True})
 
+    async def by_mids(self, mids: Sequence[int]) -> dict[int, GroupMessage]:
+        """The group messages among ``mids`` (the ``mid`` index)."""
+        async with mongo_guard():
+            return {int(d["mid"]): group_message(d) async for d in self.msgs.find(
+                {"mid": {"$in": list(mids)}, "dead": {"$ne": True}})}
+
     async def by_mid(self, mid: int) -> GroupMessage | None:
         """The group message ``mid`` (the ``mid`` index), whatever its group."""
         async with mongo_guard():

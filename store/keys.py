@@ -201,6 +201,15 @@ class Keys:
         """Set of "user|emoji" of the same shard (same slot as its counts)."""
         return f"{self.ns}:rxu:{{rx:{mid}:{shard}}}"
 
+    def changes(self, user: str) -> str:
+        """Zset: mid -> the position of its latest change (an edit, a reaction, a
+        recall) among the user's 1:1 messages (``store/changes_redis.py``)."""
+        return f"{self.ns}:chg:{{{user}}}"
+
+    def group_changes(self, group: str) -> str:
+        """Zset: mid -> the position of its latest change, of a group's messages."""
+        return f"{self.ns}:gchg:{{g:{group}}}"
+
     def conv_settings(self, user: str) -> str:
         """Hash: conv -> the user's settings of it ("m", "p", "a" letters), ``~``
         once complete (``store/conv_settings.py``)."""

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from store.records import ConvSettings
 
-__all__ = ["ConvSettingStore", "ReactionStore"]
+__all__ = ["ChangeLog", "ConvSettingStore", "ReactionStore"]
 
 
 class ReactionStore(Protocol):
@@ -42,3 +42,17 @@ class ConvSettingStore(Protocol):
     async def of_users(self, users: Sequence[str]) -> dict[str, dict[str, ConvSettings]]: ...
 
     async def muted_by(self, conv: str, limit: int) -> list[str]: ...
+
+
+class ChangeLog(Protocol):
+    """The messages changed (edited, reacted to, recalled) by position."""
+
+    async def note(self, mid: int, position: int, *, users: Sequence[str] = (),
+                   group: str | None = None) -> None:
+        """``mid`` changed at ``position``: in these users' 1:1 logs, or the group's."""
+        ...
+
+    async def since(self, user: str, groups: Mapping[str, int], after: int, limit: int
+                    ) -> list[tuple[int, int, str | None]]:
+        """(position, mid, group or None) after ``after``, oldest first."""
+        ...

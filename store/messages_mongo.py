@@ -216,6 +216,12 @@ class MessagesMongo:
         async with mongo_guard():
             await self.messages.update_one({"_id": mid}, {"$set": {"rx": True}})
 
+    async def in_box(self, owner: str, mids: Sequence[int]) -> set[int]:
+        """Those of ``mids`` still in ``owner``'s box (not deleted for it), by ``_id``."""
+        async with mongo_guard():
+            return {int(d["mid"]) async for d in self.boxes.find(
+                {"_id": {"$in": [box_id(owner, m) for m in mids]}}, {"mid": 1, "_id": 0})}
+
     async def reacted_among(self, mids: Sequence[int]) -> set[int]:
         """Those of ``mids`` that have had reactions (by ``_id``)."""
         async with mongo_guard():

@@ -286,6 +286,13 @@ class ChatService:
         self.metrics.offline_fills.labels("filled" if filled else "refused").inc()
         return rows[:count]
 
+    async def current(self, user: str, mids: list[int]) -> dict[int, dict[str, Any]]:
+        """The frames of these 1:1 messages as ``user`` would sync them now, those
+        still in its box (a change to one it deleted for itself is not shown)."""
+        kept = await self.messages.in_box(user, mids)
+        found = await self.messages.get_many(sorted(kept))
+        return {mid: frame_of(m, user) for mid, m in found.items()}
+
     async def history(self, user: str, conv: str, before: int | None, limit: int
                       ) -> tuple[list[dict[str, Any]], int | None]:
         stored = await self.messages.box_page(user, conv=conv, before=before, limit=limit + 1)

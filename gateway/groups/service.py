@@ -367,6 +367,17 @@ class GroupService:
             view.update(group, unread)
         return unread
 
+    async def memberships(self, user: str) -> dict[str, Membership]:
+        return await self.cache.user_groups(user)
+
+    async def current(self, mine: dict[str, Membership], mids: list[int]
+                      ) -> dict[int, dict[str, Any]]:
+        """The frames of these group messages now, those of the user's groups
+        sent after it joined (``mine``: its memberships)."""
+        found = await self.store.by_mids(mids)
+        return {mid: group_frame(m) for mid, m in found.items()
+                if m.group in mine and m.seq > mine[m.group].from_seq}
+
     async def history(self, user: str, group: str, before: int | None, limit: int
                       ) -> tuple[list[dict[str, Any]], int | None]:
         from_seq, _ = await self._membership(user, group, former=True)

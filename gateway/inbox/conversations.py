@@ -23,7 +23,7 @@ from gateway.chat.service import ChatService
 from gateway.errors import ProtocolError
 from gateway.groups.service import GroupService
 from gateway.inbox.reactions import Reactions
-from store.ports import ConvSettingStore
+from store.ports import ChangeLog, ConvSettingStore
 from store.records import ConvSettings
 
 __all__ = ["Conversations", "SyncPage"]
@@ -47,11 +47,13 @@ class Conversations:
     def __init__(self, chat: ChatService, groups: GroupService, sync_settle_ms: int,
                  low_mark: Callable[[], int | None] = lambda: None,
                  reactions: Reactions | None = None,
-                 settings: ConvSettingStore | None = None) -> None:
+                 settings: ConvSettingStore | None = None,
+                 changes: ChangeLog | None = None) -> None:
         self.chat = chat
         self.groups = groups
         self.reactions = reactions  # counts added to sync and history (None: none)
         self.settings = settings  # muted / pinned / archived (None: none)
+        self.changes = changes  # messages changed after a cursor (None: not looked for)
         self.sync_settle_ms = sync_settle_ms
         # The oldest mid a send on any node may still store (``core.inflight``).
         self.low_mark = low_mark
@@ -92,16 +94,36 @@ class Conversations:
         rows = await self.chat.sync_rows(user, since, limit + 1)
         extra, cut, groups = await self.groups.sync_rd(user, since, limit)
         self.charge(user, groups)
+        changed = await self._changed(user, since, limit + 1)
         if cut is not None:  # the groups' side stopped below it: so does this page
             rows = [r for r in rows if r[0] < cut]
-        msgs, mids, more = inbox.merge_sync(rows, extra, limit)
+            changed = [r for r in changed if r[0] < cut]
+        msgs, positions, more = inbox.merge_sync(rows, [*extra, *changed], limit)
+        mids = [m["mid"] if isinstance(m, dict) else p for m, p in zip(msgs, positions,
+                                                                        strict=True)]
         msgs = await self._with_reactions(msgs, mids)
+        mids = positions
         more = more or cut is not None
         horizon = mid_for_time_ms(int(time.time() * 1000) - self.sync_settle_ms)
         low = self.low_mark()
         if low is not None:
             horizon = min(horizon, low - 1)
         return SyncPage(msgs, next_cursor(since, mids, more, horizon), more)
+
+    async def _changed(self, user: str, since: int, limit: int) -> list[tuple[int, Any]]:
+        """(position, the message as it is now) of the messages changed after
+        ``since`` (edited, reacted to, recalled) that a device syncing from there
+        already had (mid at most ``since``: the others come as themselves)."""
+        if self.changes is None or since == 0:
+            return []
+        mine = await self.groups.memberships(user)
+        log = [c for c in await self.changes.since(user, dict.fromkeys(mine, 0), since, limit)
+               if c[1] <= since]
+        if not log:
+            return []
+        now = {**await self.chat.current(user, [mid for _, mid, g in log if g is None]),
+               **await self.groups.current(mine, [mid for _, mid, g in log if g is not None])}
+        return [(position, now[mid]) for position, mid, _ in log if mid in now]
 
     async def total_unread(self, user: str) -> int:
         """Unread over every conversation (what ``offline.msg`` events carry)."""

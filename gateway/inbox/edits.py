@@ -77,7 +77,8 @@ class Edits:
             raise ProtocolError("forbidden", "not a member of this group")
         if vet is not None:
             body = await vet(m, body)
-        at = self._now_ms()
+        # After the edit read (another node's clock may be ahead of this one's).
+        at = max(self._now_ms(), m.edited + 1)
         if isinstance(m, ChatMessage):
             if not await self.messages.edit(mid, user, body, at):
                 raise _lost()

@@ -18,7 +18,7 @@ from typing import Protocol
 from core.ids import mid_time_ms
 from core.throttle import Throttle
 from gateway import frames
-from gateway.chat.service import ChatService
+from gateway.chat.service import ChatService, IdSource
 from gateway.contacts.service import Relations
 from gateway.errors import ProtocolError
 from gateway.groups.service import GroupService
@@ -29,7 +29,7 @@ from gateway.inbox.edits import Edits
 from gateway.inbox.reactions import Reactions
 from gateway.presence.subs import PresenceSubs
 from gateway.presence.watch import PresenceQuery
-from store.ports import ConvSettingStore, GroupCache
+from store.ports import ChangeLog, ConvSettingStore, GroupCache
 from store.records import ChatMessage, ConvSettings, GroupMessage
 
 __all__ = ["MessageOps", "Notifier"]
@@ -56,6 +56,8 @@ class Features:
     settings: ConvSettingStore
     group_cache: GroupCache
     pinned_max: int
+    changes: ChangeLog
+    mids: IdSource  # a change's position in sync: a fresh mid
     hooks: Hooks | None = None
 
 
@@ -164,10 +166,12 @@ class MessageOps:
             if err.code != "not_found":
                 raise
             g = await self.groups.recall(user, mid)  # not a 1:1 message: a group's?
+            await self._changed(g)
             conv = f"g:{g.group}"
             self.notifier.publish_group(
                 g.group, frames.recalled(mid, conv, user))
             return
+        await self._changed(m)
         await self.notifier.push_frames([
             (m.sender, frames.recalled(mid, m.to, user)),
             (m.to, frames.recalled(mid, m.sender, user))])
@@ -195,6 +199,7 @@ class MessageOps:
 
         done = await f.edits.edit(user, mid, body, vet if hooks is not None else None)
         m, at = done.msg, done.at_ms
+        await self._changed(m)
         new = m.body if isinstance(m.body, bytes) else body
         if isinstance(m, ChatMessage):
             await self.notifier.push_frames([
@@ -210,6 +215,7 @@ class MessageOps:
         if not done.changed:
             return
         m = done.msg
+        await self._changed(m)
         if isinstance(m, ChatMessage):
             await self.notifier.push_frames([
                 (m.sender, frames.reaction(mid, m.to, user, emoji, on)),
@@ -217,6 +223,17 @@ class MessageOps:
         else:
             self.notifier.publish_group(
                 m.group, frames.reaction(mid, f"g:{m.group}", user, emoji, on))
+
+    async def _changed(self, m: ChatMessage | GroupMessage) -> None:
+        """``m`` changed (before the caller is answered): a device that already
+        had it finds it again in its next sync (``ChangeLog``)."""
+        f = self.features
+        if f is None:
+            return
+        if isinstance(m, ChatMessage):
+            await f.changes.note(m.mid, f.mids.next(), users=[m.sender, m.to])
+        else:
+            await f.changes.note(m.mid, f.mids.next(), group=m.group)
 
     async def reaction_users(self, user: str, mid: int, emoji: str, after: str | None,
                              limit: int) -> list[str]:

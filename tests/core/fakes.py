@@ -348,6 +348,14 @@ class FakeMessages(Faulty):
         if isinstance(m, ChatMessage):
             self.bodies[mid] = replace(m, reacted=True)
 
+    async def get_many(self, mids: Sequence[int]) -> dict[int, ChatMessage]:
+        self._up("get_many")
+        return {m: b for m in mids if isinstance(b := self.bodies.get(m), ChatMessage)}
+
+    async def in_box(self, owner: str, mids: Sequence[int]) -> set[int]:
+        self._up("in_box")
+        return {m for m in mids if m in self.boxes.get(owner, {})}
+
     async def reacted_among(self, mids: Sequence[int]) -> set[int]:
         self._up("reacted_among")
         return {mid for mid in mids if (m := self.bodies.get(mid)) is not None and m.reacted}

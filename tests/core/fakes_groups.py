@@ -149,6 +149,11 @@ class FakeGroupStore(Faulty):
                     return m
         return None
 
+    async def by_mids(self, mids: Sequence[int]) -> dict[int, GroupMessage]:
+        self._up("by_mids")
+        return {m.mid: m for slot in self.msgs.values() for m in slot.values()
+                if m is not None and m.mid in mids}
+
     async def by_mid(self, mid: int) -> GroupMessage | None:
         self._up("by_mid")
         return next((m for slot in self.msgs.values() for m in slot.values()

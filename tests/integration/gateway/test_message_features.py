@@ -337,3 +337,53 @@ async def test_a_muted_group_makes_no_offline_msg_and_offline_group_names_its_mu
     r = await http(bob, n1).get("/v1/conversations")
     unread = {c["conv"]: (c["unread"], c["muted"]) for c in r.json()["conversations"]}
     assert unread[f"g:{small}"] == (1, True) and unread[f"g:{big}"] == (1, True)
+
+
+async def test_a_device_that_already_had_the_messages_syncs_their_changes(
+        make_node, connect, http):
+    """bob synced past alice's messages, went away; meanwhile one was edited, one
+    reacted to, one recalled: his sync from his cursor brings each back as it is
+    now (a change has a position after the cursor), once."""
+    n1, n2 = await two_nodes(make_node, group_write_diffusion_max=2)
+    alice, bob, carol = uid("a"), uid("b"), uid("c")
+    a = await connect(n1, alice)
+    mids = [(await a.request("send", to=bob, cmid=f"c{i}", body=f"m{i}"))["mid"]
+            for i in range(4)]
+    g = await new_group(http, alice, n1, [bob, carol])  # read diffusion
+    gmid = (await a.request("group_send", group=g, cmid="g1", body="in g"))["mid"]
+    first = (await http(bob, n2).get("/v1/sync")).json()
+    assert {mids[0], gmid} <= {m["mid"] for m in first["msgs"]} and not first["more"]
+    cursor = await settled_cursor(http, bob, n2, first["next"], gmid)
+    assert (await a.request("edit", mid=mids[1], body="m1 fixed"))["op"] == "ok"
+    assert (await a.request("react", mid=mids[0], emoji="ok", on=True))["op"] == "ok"
+    assert (await a.request("recall", mid=mids[2]))["op"] == "ok"
+    assert (await a.request("edit", mid=gmid, body="in g, fixed"))["op"] == "ok"
+    assert (await a.request("edit", mid=mids[1], body="m1 fixed twice"))["op"] == "ok"
+    r = await http(bob, n1).get("/v1/sync", params={"since": cursor})
+    assert r.status_code == 200, r.text
+    page = r.json()
+    got = {m["mid"]: m for m in page["msgs"]}
+    assert set(got) == {mids[0], mids[1], mids[2], gmid}  # each once, as it is now
+    assert got[mids[1]]["body"] == "m1 fixed twice" and got[mids[1]]["edited"]
+    assert got[mids[0]]["reactions"] == {"ok": 1} and got[mids[0]]["body"] == "m0"
+    assert got[mids[2]]["recalled"] is True and "body" not in got[mids[2]]
+    assert got[gmid]["body"] == "in g, fixed"
+    again = await settled_cursor(http, bob, n2, page["next"], 0)
+    assert (await http(bob, n2).get("/v1/sync", params={"since": again})).json()["msgs"] == []
+    # A message bob deleted for himself stays deleted, whatever changes it.
+    assert (await http(bob, n1).delete(f"/v1/messages/{mids[3]}")).status_code == 200
+    assert (await a.request("react", mid=mids[3], emoji="ok", on=True))["op"] == "ok"
+    later = (await http(bob, n1).get("/v1/sync", params={"since": again})).json()["msgs"]
+    assert mids[3] not in {m["mid"] for m in later}
+
+
+async def settled_cursor(http, user, node, since, wanted) -> int:
+    """Sync on from ``since`` until a page is empty: the cursor past everything
+    so far (a young message holds the cursor back for IM_SYNC_SETTLE_MS)."""
+    for _ in range(100):
+        page = (await http(user, node).get("/v1/sync", params={"since": since})).json()
+        if not page["msgs"] and page["next"] >= wanted:
+            return int(page["next"])
+        since = page["next"]
+        await asyncio.sleep(0.1)
+    raise AssertionError("the sync cursor never settled")
