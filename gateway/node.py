@@ -196,14 +196,14 @@ class Node:
         s = self.settings
         with _listening(s.host, s.ws_port, "IM_WS_PORT"):
             self._ws_server = await serve(
-                app.sessions.handle, s.host, s.ws_port,
+                app.sessions.handle, s.host, s.ws_port, reuse_port=bool(s.reuse_port),
                 process_request=app.sessions.process_request,
                 max_size=s.max_frame, compression=None, ping_interval=20, ping_timeout=20,
                 close_timeout=2, backlog=s.listen_backlog,
             )
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
         with _listening(s.host, s.http_port, "IM_HTTP_PORT"):
-            sock = socket.create_server((s.host, s.http_port), reuse_port=False)
+            sock = socket.create_server((s.host, s.http_port), reuse_port=bool(s.reuse_port))
         self.http_port = sock.getsockname()[1]
         self._http = self._http_server(app.http)
         # The socket already listens, so clients can connect before uvicorn is up.
