@@ -55,6 +55,9 @@ class Settings:
     host: str = setting("127.0.0.1", 'the address both listeners bind')
     ws_port: int = setting(8080, 'the WebSocket listener (/ws); 0: any free port')
     http_port: int = setting(8081, 'the HTTP API listener (also serves the demo); 0: any free port')
+    keepalive_s: int = setting(20,
+        'a keepalive ping to each connection this often (one timer for the node); a peer '
+        'that has not answered by the next is closed. 0: none')
     workers: str = setting("1",
         'node processes on this host (`auto`: one per core): past 1, a supervisor runs them, '
         'sharing `IM_WS_PORT` and `IM_HTTP_PORT` (SO_REUSEPORT), each its own node, started '

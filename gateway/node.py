@@ -198,7 +198,9 @@ class Node:
             self._ws_server = await serve(
                 app.sessions.handle, s.host, s.ws_port, reuse_port=bool(s.reuse_port),
                 process_request=app.sessions.process_request,
-                max_size=s.max_frame, compression=None, ping_interval=20, ping_timeout=20,
+                # Keepalive pings are the node's (gateway.ws.keepalive): no task
+                # and timer per connection.
+                max_size=s.max_frame, compression=None, ping_interval=None,
                 close_timeout=2, backlog=s.listen_backlog,
             )
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
@@ -440,6 +442,8 @@ class Node:
         if self._ws_server is not None:
             self._ws_server.close()
             await self._ws_server.wait_closed()
+        if self._app is not None and self._app.sessions.keepalive is not None:
+            self._app.sessions.keepalive.close()
 
     async def _stop_keeper(self) -> None:
         if self._keeper is not None:
