@@ -46,6 +46,9 @@ def new_parser(module: str, description: str | None, options: Iterable[Option] =
     if nodes:
         p.add_argument("--node-tree", metavar="DIR", help="run the nodes from this checkout "
                        "(e.g. a git worktree of another commit); default: this one")
+        p.add_argument("--workers", default="1", metavar="N",
+                       help="each node started as a supervisor of N worker processes sharing "
+                       "its ports (IM_WORKERS; auto: one per core); default 1: one process")
     return p
 
 

@@ -57,7 +57,7 @@ class Run:
             "metrics_port": -1, "metrics_public": 1, "auth_secret": self.secret,
             "mongo_url": a.mongo_url, "redis_url": a.redis_url, "amqp_url": a.amqp_url,
             "redis_cluster": getattr(a, "redis_cluster", 0),
-            **settings})
+            "workers": getattr(a, "workers", "1"), **settings})
         nodes: list[NodeProcess] = []
         try:
             for i in range(n):

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from gateway.auth import SecretError, issue_token, with_secret
 from gateway.cli import settings as config_cli
-from gateway.config import ConfigError, Settings
+from gateway.cli.workers import supervise
+from gateway.config import ConfigError, Settings, parse_workers
 from gateway.node import Node, StartupError
 from relay import webhook
 
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Run one gateway node: WebSocket /ws and the HTTP API (with the demo "
         "at /demo/). Ctrl-C or SIGTERM drains it.",
         epilog=config_cli.settings_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve_p.add_argument("--workers", metavar="N",
+                         help="node processes on this host sharing its ports (auto: one per "
+                         "core); wins over IM_WORKERS")
     conf = sub.add_parser(
         "config", help="print the effective settings (secrets masked) and check them",
         description="Print each IM_* setting as the node would use it, and where it came "
@@ -85,6 +89,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gateway: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.workers is not None:
+        env["IM_WORKERS"] = args.workers
+    try:
+        workers = parse_workers(env.get("IM_WORKERS", settings.workers))
+    except ValueError as exc:
+        print(f"gateway: IM_WORKERS / --workers: {exc}", file=sys.stderr)
+        return 2
+    if workers > 1:
+        if settings.node_id >= 0:
+            print("gateway: IM_NODE_ID cannot be set with more than one worker (each worker "
+                  "leases its own)", file=sys.stderr)
+            return 2
+        return supervise(workers, env, settings.host, settings.ws_port, settings.http_port,
+                         settings.metrics_host, settings.metrics_port)
     return serve(settings, secret_file)
 
 

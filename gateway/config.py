@@ -55,6 +55,16 @@ class Settings:
     host: str = setting("127.0.0.1", 'the address both listeners bind')
     ws_port: int = setting(8080, 'the WebSocket listener (/ws); 0: any free port')
     http_port: int = setting(8081, 'the HTTP API listener (also serves the demo); 0: any free port')
+    keepalive_s: int = setting(20,
+        'a keepalive ping to each connection this often (one timer for the node); a peer '
+        'that has not answered by the next is closed. 0: none')
+    workers: str = setting("1",
+        'node processes on this host (`auto`: one per core): past 1, a supervisor runs them, '
+        'sharing `IM_WS_PORT` and `IM_HTTP_PORT` (SO_REUSEPORT), each its own node, started '
+        'again if it dies; `serve --workers` wins (docs/deploy.md, "Workers")')
+    reuse_port: int = setting(0,
+        '`1`: listen with SO_REUSEPORT, beside other processes on the same ports (the '
+        'workers of `IM_WORKERS` do)')
     namespace: str = setting("im",
         'prefixes every Redis key and RabbitMQ name, names the Mongo database')
     broker: str = setting("rabbitmq", '`memory` runs a single node without RabbitMQ')
@@ -345,6 +355,13 @@ class Settings:
             yield "IM_NAMESPACE must be 1-32 characters of [A-Za-z0-9_-]"
         if not -1 <= self.node_id <= 255:
             yield "IM_NODE_ID must be in 0..255 (or unset to lease one)"
+        try:
+            workers = parse_workers(self.workers)
+        except ValueError:
+            yield f"IM_WORKERS must be a positive number or auto, not {self.workers!r}"
+            workers = 1
+        if workers > 1 and self.node_id >= 0:
+            yield "IM_NODE_ID cannot be set with IM_WORKERS above 1 (each worker leases its own)"
         if self.broker not in ("rabbitmq", "memory"):
             yield "IM_BROKER must be rabbitmq or memory"
         if self.broker == "rabbitmq":
@@ -448,3 +465,18 @@ def convert(name: str, raw: str, kind: type) -> object:
     except ValueError:
         raise ConfigError(f"IM_{name.upper()}={raw!r} is not a {kind.__name__}") from None
     return raw
+
+
+def parse_workers(value: str) -> int:
+    """``auto``: the host's cores (the ones this process may run on); else a
+    positive number."""
+    if value.strip().lower() == "auto":
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                   else os.cpu_count() or 1)
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"workers must be a positive number or 'auto', not {value!r}")
+    return n

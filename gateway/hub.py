@@ -50,6 +50,8 @@ class Client:
     iat: float = 0.0  # its token's iat (0: none given): what a revocation compares
     device: str = ""  # the device id it named (or was given), and its platform
     platform: str = "other"
+    ka_slot: int = -1  # its keepalive slot (gateway.ws.keepalive); -1: none
+    ka_ping: bytes = b""  # the payload of its last keepalive ping
 
     def write(self, frame: bytes, limit: int) -> bool:
         """One encoded JSON ``frame`` (a reply) to this socket alone, under the same

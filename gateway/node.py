@@ -196,14 +196,16 @@ class Node:
         s = self.settings
         with _listening(s.host, s.ws_port, "IM_WS_PORT"):
             self._ws_server = await serve(
-                app.sessions.handle, s.host, s.ws_port,
+                app.sessions.handle, s.host, s.ws_port, reuse_port=bool(s.reuse_port),
                 process_request=app.sessions.process_request,
-                max_size=s.max_frame, compression=None, ping_interval=20, ping_timeout=20,
+                # Keepalive pings are the node's (gateway.ws.keepalive): no task
+                # and timer per connection.
+                max_size=s.max_frame, compression=None, ping_interval=None,
                 close_timeout=2, backlog=s.listen_backlog,
             )
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
         with _listening(s.host, s.http_port, "IM_HTTP_PORT"):
-            sock = socket.create_server((s.host, s.http_port), reuse_port=False)
+            sock = socket.create_server((s.host, s.http_port), reuse_port=bool(s.reuse_port))
         self.http_port = sock.getsockname()[1]
         self._http = self._http_server(app.http)
         # The socket already listens, so clients can connect before uvicorn is up.
@@ -440,6 +442,8 @@ class Node:
         if self._ws_server is not None:
             self._ws_server.close()
             await self._ws_server.wait_closed()
+        if self._app is not None and self._app.sessions.keepalive is not None:
+            self._app.sessions.keepalive.close()
 
     async def _stop_keeper(self) -> None:
         if self._keeper is not None:

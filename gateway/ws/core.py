@@ -89,12 +89,14 @@ class ConnectionLimits:
     trusted_proxies: str = ""
     user_handshake_rate: float = 0.0  # per user (0: no limit)
     user_handshake_burst: int = 0
+    keepalive_s: int = 20  # a ping per connection this often; no pong by the next: closed
 
     @classmethod
     def from_settings(cls, s: Settings) -> ConnectionLimits:
         return cls(s.max_conns_per_user, s.max_inflight, s.reply_buffer_max,
                    s.ip_handshake_rate, s.ip_handshake_burst, s.max_conns_per_ip,
-                   s.trusted_proxies, s.user_handshake_rate, s.user_handshake_burst)
+                   s.trusted_proxies, s.user_handshake_rate, s.user_handshake_burst,
+                   s.keepalive_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ from gateway.moderation import CLOSED_BY_SERVER, Moderation
 from gateway.rooms.service import LiveRooms
 from gateway.ws import core as sc
 from gateway.ws.expiry import ExpiryWheel
+from gateway.ws.keepalive import Keepalive
 from gateway.ws.registry import Registry
 
 __all__ = ["Sessions"]
@@ -94,6 +95,8 @@ class Sessions:
         self._user_handshakes = KeyedBuckets(conns.user_handshake_rate,
                                              conns.user_handshake_burst)
         self._expiries = ExpiryWheel(self._expired)
+        self.keepalive = Keepalive(conns.keepalive_s, self._keepalive_timed_out) \
+            if conns.keepalive_s > 0 else None
         self.limits = limits
         # Op name -> its handler, ``op_<name>`` (gateway.protocol.OPS): a row
         # without one fails here, at start, not at its first frame.
@@ -163,6 +166,8 @@ class Sessions:
         client.platform = platform
         client.iat = token.iat or 0.0
         self._expiries.set(client, token.exp)
+        if self.keepalive is not None:
+            self.keepalive.add(client)
         closing: asyncio.Task[None] | None = None
         self._ips.opened(ip)
         try:
@@ -198,6 +203,8 @@ class Sessions:
             self._budgets.release(client.user)
             self._ips.closed(ip)
             self._expiries.discard(client)
+            if self.keepalive is not None:
+                self.keepalive.discard(client)
             if closing is not None:
                 await asyncio.gather(closing, return_exceptions=True)
             await self.registry.disconnected(client)
@@ -341,6 +348,11 @@ class Sessions:
             self._send_bytes(client, frames.left(f.room, f.id))
 
     # -- token lifetime --------------------------------------------------------
+    def _keepalive_timed_out(self, client: Client) -> None:
+        """No pong for a whole keepalive interval: the peer is gone."""
+        self.metrics.closed.labels("keepalive").inc()
+        wire.abort(client.ws)
+
     def _expired(self, client: Client) -> None:
         """Its token expired (``ExpiryWheel``): close it with 4001."""
         if client.ws.protocol.state is State.OPEN:

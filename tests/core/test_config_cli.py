@@ -5,6 +5,7 @@ what the definition prints; and the commands themselves."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import settings as config_cli
-from gateway.config import ConfigError, Settings
+from gateway.config import ConfigError, Settings, parse_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,3 +122,13 @@ def test_config_prints_and_checks(tmp_path):
         "gateway: IM_MAX_BODY must be positive"]
     example = _gateway("config", "--example")
     assert example.returncode == 0 and "# IM_SEND_RATE=20.0" in example.stdout
+
+
+def test_workers_are_a_positive_number_or_auto() -> None:
+    assert parse_workers("3") == 3
+    assert parse_workers("auto") == len(os.sched_getaffinity(0))
+    for bad in ("0", "-2", "many", ""):
+        assert any("IM_WORKERS" in p for p in Settings(workers=bad).problems())
+    assert any("IM_NODE_ID cannot be set" in p
+               for p in Settings(workers="2", node_id=3).problems())
+    assert not list(Settings(workers="auto").problems())

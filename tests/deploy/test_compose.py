@@ -272,10 +272,14 @@ def test_prometheus_finds_every_replica(configs: dict[str, dict[str, Any]]) -> N
     assert mounts["/etc/prometheus/alerts.yml"] == REPO / "deploy" / "prometheus" / "alerts.yml"
     assert config["rule_files"] == ["alerts.yml"]
     job = next(j for j in config["scrape_configs"] if j["job_name"] == "imgate")
-    (sd,) = job["dns_sd_configs"]
     env = env_of(gateways(cfg)[GATEWAY])
-    assert sd["names"] == [GATEWAY] and sd["type"] == "A"
-    assert sd["port"] == int(env["IM_METRICS_PORT"])
+    workers = int(env["IM_WORKERS"])
+    assert workers >= 2  # a replica uses its cores
+    sds = job["dns_sd_configs"]
+    assert all(sd["names"] == [GATEWAY] and sd["type"] == "A" for sd in sds)
+    # One target per worker: IM_METRICS_PORT + its index.
+    first = int(env["IM_METRICS_PORT"])
+    assert sorted(sd["port"] for sd in sds) == list(range(first, first + workers))
     assert env["IM_METRICS_HOST"] == "0.0.0.0"  # reachable from Prometheus' container
     assert set(prom["networks"]) & set(gateways(cfg)[GATEWAY]["networks"])
     grafana = services(cfg)["grafana"]
