@@ -89,6 +89,25 @@ async def settled_memory(pid: int, timeout_s: float, window: int = 5,
 
 
 # -- one server ------------------------------------------------------------------------
+async def idle_cpu_us(pid: int, seconds: float, held_now: int) -> dict[str, Any]:
+    """The server's CPU over ``seconds`` of idle connections (one keepalive round
+    at the default 20): its user + system time from /proc, per connection-second."""
+    if seconds <= 0:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    c0, t0 = cpu(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    c1, t1 = cpu(), time.perf_counter()
+    used, wall = c1 - c0, t1 - t0
+    return {"seconds": round(wall, 2), "cpu_s": round(used, 3), "cores": round(used / wall, 4),
+            "us_per_conn_s": round(used / wall / held_now * 1e6, 3) if held_now else None}
+
+
 async def measure(kind: str, pid: int, ws_url: str, http_url: str | None,
                   args: argparse.Namespace, secret: str) -> dict[str, Any]:
     """Steps 1-5 of the module docstring against one started server (``http_url``: the
@@ -121,6 +140,7 @@ async def measure(kind: str, pid: int, ws_url: str, http_url: str | None,
         opened_after = sum(r["opened"] for r in rest)
         await asyncio.sleep(max(0.0, args.hold - (time.perf_counter() - started)))
         after = await settled_memory(pid, args.settle_timeout)
+        idle_cpu = await idle_cpu_us(pid, args.idle_cpu, held_now=args.connections)
         fds_after = fd_count(pid)
         states = await on_all("state")
         pings = await on_all("ping", common.split(args.ping_sample, k))
@@ -148,6 +168,7 @@ async def measure(kind: str, pid: int, ws_url: str, http_url: str | None,
         "client_state": held, "ping": {"sampled": sampled, "ponged": ponged,
                                        "p50_ms": [p["p50_ms"] for p in pings]},
         "im_connections": gauge, "verified": verified,
+        "idle_cpu": idle_cpu,
         "rss_delta_bytes": delta, "bytes_per_conn": round(per_conn) if per_conn else None,
         "anon_bytes_per_conn": round((after["RssAnon"] - before["RssAnon"]) / opened_after)
         if opened_after else None,
@@ -231,6 +252,10 @@ def report(res: dict[str, Any]) -> str:
     lines += md_table(["server", "conns after baseline", "opened/s", "verified", "checks",
                        "RSS before (MiB)", "RSS after (MiB)", "bytes/conn", "KiB/conn",
                        "anon bytes/conn", "RSS settled"], rows)
+    lines += md_table(["server", "idle window (s)", "CPU (cores)", "CPU per connection-second "
+                       "(us)"], [[r["server"], r["idle_cpu"].get("seconds"),
+                                 r["idle_cpu"].get("cores"), r["idle_cpu"].get("us_per_conn_s")]
+                                for r in res["servers"].values() if r.get("idle_cpu")])
     v = res["verdict"]
     yes_no = {True: "met", False: "NOT met", None: "not tried at this size"}
     if "ratio_node_to_bare" in v:
@@ -253,6 +278,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ("--connections", int, TARGET_CONNECTIONS, "idle connections per server, warm-up included"),
         ("--clients", int, 3, "client processes"),
         ("--concurrency", int, 200, "handshakes at once, in all"),
+        ("--idle-cpu", float, 20.0, "seconds the server's CPU is measured with every "
+         "connection open and idle (0: not measured)"),
         ("--hold", float, 25.0, "seconds from the first connection after the baseline to the "
                                 "measurement; 25: one keepalive ping round"),
         ("--settle-timeout", float, 60.0, "seconds RSS may take to settle"),

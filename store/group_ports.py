@@ -33,6 +33,9 @@ class GroupStore(Protocol):
 
     async def user_groups(self, user: str) -> dict[str, Membership]: ...
 
+    async def user_groups_many(self, users: Sequence[str]
+                               ) -> dict[str, dict[str, Membership]]: ...
+
     async def memberships(self, group: str, users: Sequence[str]) -> dict[str, Membership]:
         """Current memberships of these users (non-members left out)."""
         ...

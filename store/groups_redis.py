@@ -236,7 +236,7 @@ class GroupCacheRedis:
     async def groups_of(self, users: Sequence[str]) -> list[list[str]]:
         """The group ids of each user, one Redis round trip for all of them (a
         connect storm); users whose hash is incomplete are rebuilt from MongoDB
-        (an indexed find each, concurrently) in one more round trip."""
+        (one indexed find for all of them) in one more round trip."""
         async with redis_guard():
             pipe = self.redis.pipeline(transaction=False)
             for u in users:
@@ -249,10 +249,11 @@ class GroupCacheRedis:
                 missing.append(i)
             out.append([k.decode() for k in h if k != MARK.encode() and not k.startswith(b"r:")])
         if missing:
-            found = await asyncio.gather(*(self.store.user_groups(users[i]) for i in missing))
+            many = await self.store.user_groups_many([users[i] for i in missing])
             async with redis_guard():
                 pipe = self.redis.pipeline(transaction=False)
-                for i, docs in zip(missing, found, strict=True):
+                for i in missing:
+                    docs = many[users[i]]
                     self._fill_user(pipe, self.keys.user_groups(users[i]), docs)
                     out[i] = sorted(set(out[i]) | set(docs))
                 await pipe.execute()
