@@ -46,7 +46,7 @@ async def test_a_storm_of_new_users_reads_their_groups_once_per_batch(make_node,
 
     assert await until(all_loaded)
     finds = group_member_finds(node) - before
-    assert 1 <= finds <= 12, finds  # one per batch, not 30 or 60  # one per batch of connections (60 users)
+    assert 1 <= finds <= 12, finds  # one per batch of connections, not 30 or 60
     o = await connect(node, owner)
     assert (await o.request("group_send", group=group, cmid="c1", body="hi"))["op"] == "ack"
     for d in devices[:30]:
