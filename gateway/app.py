@@ -113,6 +113,7 @@ class App:
     inflight: InFlight = field(default_factory=InFlight)  # this node's sends (core.inflight)
     marks: dict[str, int] = field(default_factory=dict)  # the other nodes' oldest in flight
     hooks: Hooks | None = None  # the product's hooks (their HTTP client)
+    devices: Devices | None = None  # the login policy (its claims and releases in flight)
 
     async def start(self) -> None:
         """Connect to the broker (raises if it cannot), start background work."""
@@ -152,7 +153,10 @@ class App:
     def closers(self) -> list[Step]:
         """Ordered shutdown steps after the listeners: work in flight first, the
         broker last (pushes of what was flushed still go out)."""
-        return [("route writes", self.registry.close), ("claims", self.claims.close),
+        return [("route writes", self.registry.close),
+                *((("device releases", self.devices.close_all),)
+                  if self.devices is not None else ()),
+                ("claims", self.claims.close),
                 ("chat", self.chat.close),
                 ("rooms", self.live.close), ("room positions", self.router.close_positions),
                 ("groups", self.groups.close),
@@ -328,7 +332,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     app = App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
               conversations, live, feed, registry, replay, sessions, http, events, watch,
               watchers, stuck_close_s=s.stuck_close_s, inflight=inflight, marks=marks,
-              hooks=hooks)
+              hooks=hooks, devices=devices)
     router.when_resumed(lambda _lost_at: bindings.resumed(app.keys_in_use))  # checked again
     return app
 
