@@ -221,9 +221,12 @@ def _messages(app: FastAPI, deps: HttpDeps) -> None:
 
     @app.get("/v1/sync", response_model=SyncPage, responses=READ)
     async def sync(user: User, since: Annotated[int, Query(ge=0, le=MAX_MID)] = 0,
-                   limit: Limit = 100) -> JSON:
+                   limit: Limit = 100,
+                   changes: Annotated[bool, Query(description=(
+                       "also the messages at or below `since` changed after it (edited, "
+                       "reacted to, recalled), as they are now"))] = False) -> JSON:
         """The caller's messages after ``since``, oldest first, 1:1 and group."""
-        page = await convs.sync(user, since, limit)
+        page = await convs.sync(user, since, limit, changes=changes)
         return JSON({"msgs": page.msgs, "next": page.next, "more": page.more})
 
     @app.post("/v1/sync/ack", response_model=Ok, responses=WRITE)

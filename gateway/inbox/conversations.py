@@ -88,13 +88,14 @@ class Conversations:
             return await self.reactions.attach(msgs, mids)
         return [orjson.Fragment(m) if isinstance(m, bytes) else m for m in msgs]
 
-    async def sync(self, user: str, since: int, limit: int) -> SyncPage:
+    async def sync(self, user: str, since: int, limit: int, *, changes: bool = False
+                   ) -> SyncPage:
         """Messages after ``since``, oldest first: the user's own store (1:1 and
         write-diffused groups) merged with its read-diffused groups."""
         rows = await self.chat.sync_rows(user, since, limit + 1)
         extra, cut, groups = await self.groups.sync_rd(user, since, limit)
         self.charge(user, groups)
-        changed = await self._changed(user, since, limit + 1)
+        changed = await self._changed(user, since, limit + 1) if changes else []
         if cut is not None:  # the groups' side stopped below it: so does this page
             rows = [r for r in rows if r[0] < cut]
             changed = [r for r in changed if r[0] < cut]

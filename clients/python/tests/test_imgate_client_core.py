@@ -231,7 +231,7 @@ def test_a_page_that_does_not_move_ends_the_sync():
     ib.begin_sync()
     _, more = ib.on_sync_page({"msgs": [], "next": 0, "more": True})
     assert more is False
-    assert ib.sync_params(50) == {"since": 0, "limit": 50}
+    assert ib.sync_params(50) == {"since": 0, "limit": 50, "changes": 1}
 
 
 def test_the_dedup_window_is_bounded_and_asks_for_a_sync():

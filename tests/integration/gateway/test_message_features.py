@@ -359,7 +359,9 @@ async def test_a_device_that_already_had_the_messages_syncs_their_changes(
     assert (await a.request("recall", mid=mids[2]))["op"] == "ok"
     assert (await a.request("edit", mid=gmid, body="in g, fixed"))["op"] == "ok"
     assert (await a.request("edit", mid=mids[1], body="m1 fixed twice"))["op"] == "ok"
-    r = await http(bob, n1).get("/v1/sync", params={"since": cursor})
+    plain = (await http(bob, n1).get("/v1/sync", params={"since": cursor})).json()
+    assert plain["msgs"] == []  # without changes=1: messages after the cursor only (v1)
+    r = await http(bob, n1).get("/v1/sync", params={"since": cursor, "changes": 1})
     assert r.status_code == 200, r.text
     page = r.json()
     got = {m["mid"]: m for m in page["msgs"]}
@@ -369,11 +371,13 @@ async def test_a_device_that_already_had_the_messages_syncs_their_changes(
     assert got[mids[2]]["recalled"] is True and "body" not in got[mids[2]]
     assert got[gmid]["body"] == "in g, fixed"
     again = await settled_cursor(http, bob, n2, page["next"], 0)
-    assert (await http(bob, n2).get("/v1/sync", params={"since": again})).json()["msgs"] == []
+    assert (await http(bob, n2).get("/v1/sync", params={"since": again, "changes": 1})
+            ).json()["msgs"] == []
     # A message bob deleted for himself stays deleted, whatever changes it.
     assert (await http(bob, n1).delete(f"/v1/messages/{mids[3]}")).status_code == 200
     assert (await a.request("react", mid=mids[3], emoji="ok", on=True))["op"] == "ok"
-    later = (await http(bob, n1).get("/v1/sync", params={"since": again})).json()["msgs"]
+    later = (await http(bob, n1).get("/v1/sync", params={"since": again, "changes": 1})
+             ).json()["msgs"]
     assert mids[3] not in {m["mid"] for m in later}
 
 
@@ -381,7 +385,8 @@ async def settled_cursor(http, user, node, since, wanted) -> int:
     """Sync on from ``since`` until a page is empty: the cursor past everything
     so far (a young message holds the cursor back for IM_SYNC_SETTLE_MS)."""
     for _ in range(100):
-        page = (await http(user, node).get("/v1/sync", params={"since": since})).json()
+        page = (await http(user, node).get("/v1/sync", params={"since": since,
+                                                               "changes": 1})).json()
         if not page["msgs"] and page["next"] >= wanted:
             return int(page["next"])
         since = page["next"]

@@ -158,8 +158,9 @@ class Inbox:
         self._pages = 0
 
     def sync_params(self, limit: int = 200) -> dict[str, Any]:
-        """The query of the next ``GET /v1/sync`` page."""
-        return {"since": self.cursor, "limit": limit}
+        """The query of the next ``GET /v1/sync`` page: with ``changes``, the
+        messages this device had that were edited, reacted to or recalled since."""
+        return {"since": self.cursor, "limit": limit, "changes": 1}
 
     def on_sync_page(self, page: dict[str, Any]) -> tuple[list[Frame], bool]:
         """A page's messages not delivered yet (oldest first), and whether to ask for
