@@ -81,6 +81,10 @@ class FakeGroupStore(Faulty):
         self._up("user_groups")
         return {g: ms[user] for g, ms in self.members.items() if user in ms}
 
+    async def user_groups_many(self, users: Sequence[str]) -> dict[str, dict[str, Membership]]:
+        self._up("user_groups_many")
+        return {u: {g: ms[u] for g, ms in self.members.items() if u in ms} for u in users}
+
     async def memberships(self, group: str, users: Sequence[str]) -> dict[str, Membership]:
         self._up("memberships")
         mine = self.members.get(group, {})
