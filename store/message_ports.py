@@ -24,6 +24,10 @@ class ReactionStore(Protocol):
         """Each message's counts by emoji (messages without reactions left out)."""
         ...
 
+    async def tally(self, mids: Sequence[int]) -> dict[int, dict[str, int]]:
+        """Counts from MongoDB alone (while Redis is down)."""
+        ...
+
     async def emoji_of(self, mid: int) -> set[str]: ...
 
     async def users(self, mid: int, emoji: str, after: str | None, limit: int) -> list[str]:

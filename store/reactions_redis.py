@@ -108,6 +108,17 @@ class ReactionsRedis:
                 pipe.hgetall(self.keys.reaction_counts(mid, s))
             return _sum(await pipe.execute())
 
+    async def tally(self, mids: Sequence[int]) -> dict[int, dict[str, int]]:
+        """Counts read from MongoDB alone (Redis is down): one read per message."""
+        out: dict[int, dict[str, int]] = {}
+        for mid in mids:
+            total: dict[str, int] = {}
+            for _user, emoji in await self.source.of_message(mid):
+                total[emoji] = total.get(emoji, 0) + 1
+            if total:
+                out[mid] = total
+        return out
+
     async def emoji_of(self, mid: int) -> set[str]:
         """The distinct emoji message ``mid`` has now (the cap's check)."""
         return set((await self.counts([mid])).get(mid, {}))

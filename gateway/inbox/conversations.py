@@ -16,6 +16,7 @@ import orjson
 
 from core import inbox
 from core.cursors import next_cursor
+from core.errors import Unavailable
 from core.ids import mid_for_time_ms
 from core.inbox import Position
 from core.seek_cursor import BadCursor, decode_cursor, encode_cursor
@@ -95,7 +96,13 @@ class Conversations:
         rows = await self.chat.sync_rows(user, since, limit + 1)
         extra, cut, groups = await self.groups.sync_rd(user, since, limit)
         self.charge(user, groups)
-        changed = await self._changed(user, since, limit + 1) if changes else []
+        changed: list[tuple[int, Any]] = []
+        log_read = True
+        if changes:
+            try:
+                changed = await self._changed(user, since, limit + 1)
+            except Unavailable:  # (Redis is down) the cursor stays: they come later
+                log_read = False
         if cut is not None:  # the groups' side stopped below it: so does this page
             rows = [r for r in rows if r[0] < cut]
             changed = [r for r in changed if r[0] < cut]
@@ -109,7 +116,8 @@ class Conversations:
         low = self.low_mark()
         if low is not None:
             horizon = min(horizon, low - 1)
-        return SyncPage(msgs, next_cursor(since, mids, more, horizon), more)
+        return SyncPage(msgs, next_cursor(since, mids, more, horizon) if log_read else since,
+                        more)
 
     async def _changed(self, user: str, since: int, limit: int) -> list[tuple[int, Any]]:
         """(position, the message as it is now) of the messages changed after

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from core.errors import Unavailable
 from gateway.errors import ProtocolError
 from gateway.inbox.edits import locate
 from store.ports import GroupCache, GroupStore, MessageStore, ReactionStore
@@ -85,15 +86,23 @@ class Reactions:
         message whose shards are all missing is looked up in MongoDB only if
         its entry is a dict (its ``rx`` flag: the shards expired or were lost)."""
         wanted = [mid for entry, mid in zip(msgs, mids, strict=True) if _message(entry)]
-        counts = await self.store.counts(wanted) if wanted else {}
-        unsure = [mid for entry, mid in zip(msgs, mids, strict=True)
-                  if isinstance(entry, dict) and mid not in counts and _message(entry)]
+        try:
+            counts = await self.store.counts(wanted) if wanted else {}
+        except Unavailable:  # Redis is down: MongoDB's reactions, counted here
+            counts = {}
+            unsure = wanted
+        else:
+            unsure = [mid for entry, mid in zip(msgs, mids, strict=True)
+                      if isinstance(entry, dict) and mid not in counts and _message(entry)]
         if unsure:
             flagged = {*await self.messages.reacted_among(unsure),
                        *await self.groups.reacted_among(unsure)}
             if flagged:
-                counts.update(await self.store.counts(sorted(flagged),
-                                                      dict.fromkeys(flagged, True)))
+                try:
+                    counts.update(await self.store.counts(sorted(flagged),
+                                                          dict.fromkeys(flagged, True)))
+                except Unavailable:
+                    counts.update(await self.store.tally(sorted(flagged)))
         out: list[Any] = []
         for entry, mid in zip(msgs, mids, strict=True):
             got = counts.get(mid)

@@ -164,3 +164,23 @@ async def test_a_node_waits_for_a_store_that_is_late_then_gives_up_with_one_line
     with pytest.raises(StartupError) as stopped:
         await make_node(mongo_url="mongodb://127.0.0.1:1", dep_timeout_s=0.3, startup_wait_s=1)
     assert str(stopped.value) == "cannot reach MongoDB at mongodb://127.0.0.1:1"
+
+
+@pytest.mark.own_redis
+async def test_while_redis_is_down_sync_counts_reactions_from_mongodb(private, make_node,
+                                                                      connect, http):
+    redis = await private("redis")
+    node = await make_node(redis_url=redis.url, redis_cluster=0, dep_timeout_s=1.0)
+    a, b = uid("a"), uid("b")
+    ca, cb = await connect(node, a), await connect(node, b)
+    mid = (await ca.request("send", to=b, cmid="c1", body="hi"))["mid"]
+    assert (await cb.request("react", mid=mid, emoji="+1", on=True))["op"] == "ok"
+    assert (await ca.request("react", mid=mid, emoji="+1", on=True))["op"] == "ok"
+    await redis.kill()
+    # The counts live in Redis; MongoDB has who reacted: the sync (from the
+    # boxes) counts them there, and a sync asking for changes keeps its cursor.
+    page = (await http(b, node).get("/v1/sync", params={"since": 0, "changes": 1})).json()
+    assert [(m["mid"], m.get("reactions")) for m in page["msgs"]] == [(mid, {"+1": 2})]
+    assert page["next"] == 0
+    refused = await cb.request("react", mid=mid, emoji="+1", on=False, timeout=15)
+    assert refused["code"] == "unavailable"
