@@ -323,11 +323,11 @@ async function main() {
     const A2 = await open("A2", env.http2, null, env.tokenA);
     const row = `[data-test="conv"][data-conv="${b}"]`;
     await until("A2's chat with B listed", () => A2.locator(row).count(), (n) => n === 1);
-    await A.click(`${row} [data-test="conv-pin"]`);
-    await A.click(`${row} [data-test="conv-mute"]`);
-    for (const [name, page] of [["A", A], ["A2", A2]]) {
-      await until(`${name}: pinned mark`, () => page.locator(`${row} [data-test="conv-pinned"]`).count(), (n) => n === 1);
-      await until(`${name}: muted mark`, () => page.locator(`${row} [data-test="conv-muted"]`).count(), (n) => n === 1);
+    for (const [tool, mark] of [["conv-pin", "conv-pinned"], ["conv-mute", "conv-muted"]]) {
+      await A.click(`${row} [data-test="${tool}"]`);
+      for (const [name, page] of [["A", A], ["A2", A2]]) {
+        await until(`${name}: ${mark} mark`, () => page.locator(`${row} [data-test="${mark}"]`).count(), (n) => n === 1);
+      }
     }
     // The group is the newest conversation now; the pinned chat still comes first.
     const groupRow = A.locator('[data-test="group"]').first();

@@ -48,6 +48,8 @@ const state = {
   compose: null, // {kind: "reply" | "edit", conv, mid}: what the composer is doing besides a plain send
   menu: 0, // mid of the message whose menu is open
   mine: new Map(), // "mid emoji" -> whether we reacted so (reaction pushes; asked after a reload)
+  settings: new Map(), // conv -> {muted, pinned, archived, tick}: the last conv_settings seen
+  settingsTick: 0, // bumped at each conv_settings seen
 };
 
 const EMOJI = ["👍", "❤️", "😂", "🎉", "😮"]; // the reaction bar
@@ -129,10 +131,15 @@ function bucket(conv) {
   return b;
 }
 
-/** A message as the node stored it (a push, sync or history entry): its counts are the node's. */
+/** A message as the node stored it (a push, sync or history entry): its counts are the node's.
+ * An edit or a recall pushed while the entry was on its way is newer than it: kept. */
 function keep(conv, m) {
   const b = bucket(conv);
-  b.set(m.mid, { ...b.get(m.mid), ...m, conv, reactions: { ...(m.reactions || {}) } });
+  const had = b.get(m.mid);
+  const next = { ...had, ...m, conv, reactions: { ...(m.reactions || {}) } };
+  if (had && (had.edited || 0) > (m.edited || 0)) Object.assign(next, { body: had.body, edited: had.edited });
+  if (had && had.recalled) next.recalled = true;
+  b.set(m.mid, next);
 }
 
 /** Who a quoted message is, as loaded here ("a message" when it is not). */
@@ -180,13 +187,13 @@ function renderMessages() {
       "data-test": "message", "data-mid": m.mid, "data-from": m.from,
       "data-state": status || undefined,
     },
-    m.reply_to ? quote(conv, m.reply_to) : null,
     el("div", { class: "msg-head" },
       el("span", { class: "from" }, mine ? `${m.from} (me)` : m.from),
       el("button", {
         type: "button", class: "more", title: "more", "data-test": "msg-menu",
         onclick: () => { state.menu = state.menu === m.mid ? 0 : m.mid; renderMessages(); },
       }, "⋯")),
+    m.reply_to ? quote(conv, m.reply_to) : null,
     el("span", { class: "body" }, m.recalled ? "message recalled" : text(m.body)),
     el("span", { class: "meta" }, clock(m.ts),
       m.edited && !m.recalled ? el("span", { class: "edited", "data-test": "edited" }, " (edited)") : null,
@@ -196,8 +203,8 @@ function renderMessages() {
   }
   for (const p of state.pending.get(conv) || []) {
     list.append(el("li", { class: "msg mine pending", "data-test": "message", "data-from": state.me, "data-state": "sending" },
-      p.replyTo ? quote(conv, p.replyTo) : null,
       el("span", { class: "from" }, `${state.me} (me)`),
+      p.replyTo ? quote(conv, p.replyTo) : null,
       el("span", { class: "body" }, text(p.body)),
       el("span", { class: "meta" }, "sending…")));
   }
@@ -446,6 +453,15 @@ function onReaction(r) {
   if (r.conv === state.active) renderMessages();
 }
 
+/** A message we had, as it is now (sync brought it again: edited, other counts, recalled). */
+function onChanged(m) {
+  const conv = convOf(m);
+  if (!conv || !bucket(conv).has(m.mid)) return; // not loaded: its history brings it as it is
+  keep(conv, m);
+  if (conv === state.active) renderMessages();
+  refreshConvs();
+}
+
 function onEdited(e) {
   const m = bucket(e.conv).get(e.mid);
   if (m && !m.recalled) Object.assign(m, { body: e.body, edited: e.edited });
@@ -456,8 +472,13 @@ function onEdited(e) {
 // ---- conversations, groups ---------------------------------------------
 const refreshConvs = debounced(async () => {
   if (!state.client) return;
+  const asked = state.settingsTick;
   const r = await state.client.http("GET", "/v1/conversations?limit=50");
   state.convs = r.conversations || [];
+  for (const c of state.convs) { // a setting changed while the list was on its way is the newer one
+    const s = state.settings.get(c.conv);
+    if (s && s.tick > asked) Object.assign(c, { muted: s.muted, pinned: s.pinned, archived: s.archived });
+  }
   for (const c of state.convs) { // how far each peer has read: receipts survive a reload
     if (c.peer_read) state.peerRead.set(c.conv, Math.max(state.peerRead.get(c.conv) || 0, c.peer_read));
   }
@@ -478,20 +499,31 @@ function convLabel(c, name) {
 function convTools(c) {
   const tool = (test, key, on, off) => el("button", {
     type: "button", class: "tool", "data-test": test, title: c[key] ? off : on,
-    onclick: (e) => { e.stopPropagation(); setConv(c.conv, key, !c[key]); },
+    onclick: (e) => {
+      e.stopPropagation();
+      const now = state.convs.find((x) => x.conv === c.conv) || c; // as the latest list or push has it
+      setConv(c.conv, key, !now[key]);
+    },
   }, c[key] ? off : on);
   return el("span", { class: "tools" }, tool("conv-pin", "pinned", "pin", "unpin"), tool("conv-mute", "muted", "mute", "unmute"));
 }
 
+/** `list`'s items replaced by `items`, unless they show the same: a refresh that changed
+ * nothing leaves the rows (and a click on one) alone. */
+function swap(list, items) {
+  const box = document.createElement(list.tagName);
+  box.append(...items);
+  if (box.innerHTML !== list.innerHTML) list.replaceChildren(...box.childNodes);
+}
+
 function renderConvs() {
-  const list = $('[data-test="conversations"]');
-  list.replaceChildren();
+  const rows = [];
   // Pinned first (the node lists them first too), otherwise as the node ordered them.
   const shown = state.convs.filter((c) => c.last || c.unread)
     .sort((a, b) => Number(Boolean(b.pinned)) - Number(Boolean(a.pinned)));
   for (const c of shown) {
     const last = c.last ? `${c.last.from === state.me ? "me: " : ""}${c.last.recalled ? "(recalled)" : text(c.last.body)}` : "";
-    list.append(el("li", {
+    rows.push(el("li", {
       class: `conv${c.conv === state.active ? " active" : ""}${c.muted ? " muted" : ""}`, "data-test": "conv", "data-conv": c.conv,
       "data-pinned": c.pinned ? "1" : undefined, "data-muted": c.muted ? "1" : undefined,
       onclick: () => openConv(c.conv),
@@ -501,14 +533,14 @@ function renderConvs() {
     el("span", { class: "last" }, last),
     convTools(c)));
   }
-  if (!shown.length) list.append(el("li", { class: "empty" }, "No chats yet."));
-  const groups = $('[data-test="groups"]');
-  groups.replaceChildren();
+  if (!shown.length) rows.push(el("li", { class: "empty" }, "No chats yet."));
+  swap($('[data-test="conversations"]'), rows);
+  const groups = [];
   for (const g of [...state.groups.values()].sort((a, b) => a.name.localeCompare(b.name))) {
     const conv = `g:${g.group}`;
     const c = state.convs.find((x) => x.conv === conv) || { conv };
     const unread = c.unread || 0;
-    groups.append(el("li", {
+    groups.push(el("li", {
       class: `conv${conv === state.active ? " active" : ""}${c.muted ? " muted" : ""}`, "data-test": "group", "data-conv": conv,
       onclick: () => openConv(conv),
     },
@@ -517,7 +549,8 @@ function renderConvs() {
     el("span", { class: "last" }, `${g.members} member${g.members === 1 ? "" : "s"}`),
     convTools(c)));
   }
-  if (!state.groups.size) groups.append(el("li", { class: "empty" }, "No groups."));
+  if (!state.groups.size) groups.push(el("li", { class: "empty" }, "No groups."));
+  swap($('[data-test="groups"]'), groups);
 }
 
 /** Mute or pin a conversation: this user's setting, on all its devices (they get `conv_settings`). */
@@ -530,6 +563,7 @@ async function setConv(conv, key, value) {
 }
 
 function onConvSettings(s) {
+  state.settings.set(s.conv, { muted: s.muted, pinned: s.pinned, archived: s.archived, tick: ++state.settingsTick });
   const row = state.convs.find((c) => c.conv === s.conv);
   if (!row) return refreshConvs(); // not listed yet
   Object.assign(row, { muted: s.muted, pinned: s.pinned, archived: s.archived });
@@ -789,6 +823,7 @@ async function start(token, wsUrl) {
   });
   c.on("presence", (p) => showPresence(p.users));
   c.on("edited", onEdited);
+  c.on("changed", onChanged);
   c.on("reaction", onReaction);
   c.on("conv_settings", onConvSettings);
   c.on("recalled", (r) => {

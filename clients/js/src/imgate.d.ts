@@ -323,6 +323,9 @@ export interface ImClientEvents {
   typing: TypingFrame;
   presence: PresenceFrame;
   recalled: RecalledFrame;
+  /** A message already told (or older than the sync cursor), as it is now: sync brought it
+   * again edited, with other reaction counts, or recalled. Replace what you have by `mid`. */
+  changed: ChatMessage;
   edited: EditedFrame;
   reaction: ReactionFrame;
   conv_settings: ConvSettingsFrame;

@@ -464,9 +464,12 @@ export class ImClient extends Emitter {
       case "pong":
       case "ok":
         break;
+      case "reaction":
+        if (typeof f.mid === "number") this._inbox.markReaction(f);
+        this.emit("reaction", f);
+        break;
       case "read":
       case "receipt":
-      case "reaction":
       case "conv_settings":
       case "typing":
       case "presence":

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { dropNamespace, newNamespace, settle, startNodes } from "./nodes.mjs";
-import { clients, collect, recordingWebSocket, uid, until, waitEvent } from "./helpers.mjs";
+import { clients, collect, recordingWebSocket, uid, until, waitEvent, within } from "./helpers.mjs";
 
 const T = { timeout: 20000 };
 // Small caps, so the tests reach them quickly.
@@ -185,7 +185,7 @@ describe("imgate-client: edit, reactions, replies, conversation settings", () =>
     assert.deepEqual(edits, []); // a message first seen edited is one "message", no "edited"
   });
 
-  test("offline: a message shown before the link dropped and edited meanwhile comes back as one \"edited\"", T, async () => {
+  test("offline: a message shown before the link dropped, edited and reacted to meanwhile: one \"edited\", one \"changed\"", T, async () => {
     const [a, b] = [uid("alice"), uid("bob")];
     const rec = recordingWebSocket();
     const alice = pool.make(a, A);
@@ -193,6 +193,7 @@ describe("imgate-client: edit, reactions, replies, conversation settings", () =>
     const bob = pool.make(b, B, { WebSocket: rec.WebSocket, catchUpSyncMs: 0 });
     const got = collect(bob, "message");
     const edits = collect(bob, "edited");
+    const changed = collect(bob, "changed");
     await Promise.all([alice.connect(), bob.connect()]);
     const ack = await alice.send(b, "typo");
     await until(bob, "message", () => got.some((m) => m.mid === ack.mid));
@@ -203,6 +204,7 @@ describe("imgate-client: edit, reactions, replies, conversation settings", () =>
     rec.dropCurrent();
     await offline;
     await alice.edit(ack.mid, "fixed");
+    await alice.react(ack.mid, "👀");
     const online = waitEvent(bob, "state", (s) => s === "online");
     rec.gate.open = true;
     await online;
@@ -212,9 +214,59 @@ describe("imgate-client: edit, reactions, replies, conversation settings", () =>
     assert.equal(edits[0].conv, a);
     assert.equal(edits[0].body, "fixed");
     assert.equal(typeof edits[0].edited, "number");
+    assert.deepEqual(changed.map((m) => [m.mid, m.body, m.reactions]), [[ack.mid, "fixed", { "👀": 1 }]]);
     // The same edit, pushed or synced again, is not told twice.
     await bob.sync();
     assert.equal(edits.length, 1);
+    assert.equal(changed.length, 1);
+  });
+
+  test("offline past the cursor: edit, counts and recall of messages already synced come as \"changed\" (with \"edited\" / \"recalled\"), never as \"message\"", T, async () => {
+    const [a, b] = [uid("alice"), uid("bob")];
+    const alice = pool.make(a, A);
+    const bob = pool.make(b, B);
+    const got = collect(bob, "message");
+    await Promise.all([alice.connect(), bob.connect()]);
+    const acks = [];
+    for (const t of ["one", "two", "three", "four"]) acks.push(await alice.send(b, t));
+    const [m1, m2, m3, m4] = acks.map((x) => x.mid);
+    await until(bob, "message", () => got.length === 4);
+    // The cursor moves past them once they are older than IM_SYNC_SETTLE_MS (1 s).
+    await within((async () => {
+      while (bob.lastMid < m4) {
+        await new Promise((r) => setTimeout(r, 100));
+        await bob.sync();
+      }
+    })(), 8000, "bob's cursor past the messages");
+    const cursor = bob.lastMid;
+    bob.close();
+
+    await alice.edit(m1, "one, edited");
+    await alice.react(m2, "👍");
+    await alice.recall(m3);
+    const later = await alice.send(b, "five");
+
+    // The app starts again from its persisted cursor.
+    const back = pool.make(b, B, { lastMid: cursor });
+    const msgs = collect(back, "message");
+    const changed = collect(back, "changed");
+    const edits = collect(back, "edited");
+    const recalls = collect(back, "recalled");
+    await back.connect();
+    assert.deepEqual(msgs.map((m) => m.mid), [later.mid]);
+    const byMid = Object.fromEntries(changed.map((m) => [m.mid, m]));
+    assert.deepEqual(Object.keys(byMid).map(Number).sort(), [m1, m2, m3].sort());
+    assert.equal(changed.length, 3); // each changed message once
+    assert.equal(byMid[m1].body, "one, edited");
+    assert.equal(typeof byMid[m1].edited, "number");
+    assert.deepEqual(byMid[m2].reactions, { "👍": 1 });
+    assert.equal(byMid[m3].recalled, true);
+    assert.deepEqual(edits.map((e) => [e.mid, e.conv, e.body]), [[m1, a, "one, edited"]]);
+    assert.deepEqual(recalls.map((r) => [r.mid, r.conv, r.by]), [[m3, a, a]]);
+    // Synced again: nothing more.
+    await back.sync();
+    assert.equal(changed.length, 3);
+    assert.equal(msgs.length, 1);
   });
 
   test("replyTo: send and groupSend carry reply_to to pushes, sync and history; another conversation's mid is bad_request", T, async () => {

@@ -39,6 +39,7 @@ async function demo(): Promise<void> {
   c.on("edited", (e: EditedFrame) => console.log(e.mid, e.conv, e.body, e.edited));
   c.on("reaction", (r: ReactionFrame) => console.log(r.mid, r.from, r.emoji, r.on ? 1 : -1));
   c.on("conv_settings", (s) => console.log(s.conv, s.muted, s.pinned, s.archived));
+  c.on("changed", (m: ChatMessage) => console.log(m.mid, m.recalled, m.edited, m.reactions));
   c.on("message", (m) => console.log(m.reply_to ?? 0, m.edited ?? 0, Object.entries(m.reactions ?? {}).map(([e, n]) => e + n)));
 
   await c.connect();

@@ -1,5 +1,5 @@
 // The client's own logic against a scripted fake node (no servers): keepalive,
-// url rotation, dedup of pushes and sync pages, recv_ack batching, room
+// url rotation, dedup of pushes and sync pages (edits told once), recv_ack batching, room
 // positions, handshake refusals seen through the HTTP API.
 
 import assert from "node:assert/strict";
@@ -154,6 +154,44 @@ test("edits: each one told once, pushed or brought by sync; reaction and conv_se
   assert.equal((await p2).op, "ok");
   c.close();
   await Promise.allSettled([p3, p4]);
+});
+
+test("changes in sync: messages already had come back as \"changed\" when they differ from what was told, never as \"message\"", async () => {
+  const node = fakeNode();
+  const m = (mid, extra = {}) => ({ ...msg(mid), ...extra });
+  const { fetch, calls } = fakeFetch([
+    { msgs: [m(10), m(11), m(12)], next: 12, more: false },
+    // since 12: positions of changes (mids up to 12 as they are now) and a new message.
+    { msgs: [m(10, { reactions: { "👍": 1 } }), m(11, { body: "new", edited: 5 }), m(13)], next: 14, more: false },
+    // since 14: 10 as the pushes already told it; 12 recalled; 13 again unchanged (a young message).
+    { msgs: [m(10, { reactions: { "👍": 2 } }), { op: "msg", mid: 12, conv: "bob", from: "bob", to: "alice", ts: 1, recalled: true }, m(13)], next: 14, more: false },
+  ]);
+  const c = new ImClient({ url: "ws://n1/ws", httpUrl: "http://n1", token: token("alice"), WebSocket: node.WebSocket, fetch, catchUpSyncMs: 0 });
+  const got = collect(c, "message");
+  const changed = collect(c, "changed");
+  const edits = collect(c, "edited");
+  const recalls = collect(c, "recalled");
+  await c.connect();
+  await c.sync();
+  assert.deepEqual(got.map((x) => x.mid), [10, 11, 12, 13]);
+  assert.deepEqual(changed.map((x) => [x.mid, x.reactions, x.body]), [[10, { "👍": 1 }, "m10"], [11, undefined, "new"]]);
+  assert.deepEqual(edits.map((e) => [e.mid, e.conv, e.body]), [[11, "bob", "new"]]);
+  node.sockets[0].push({ op: "reaction", mid: 10, conv: "bob", from: "bob", emoji: "👍", on: true }); // told: 👍 2
+  await c.sync();
+  assert.deepEqual(changed.map((x) => x.mid), [10, 11, 12]);
+  assert.deepEqual(recalls.map((r) => [r.mid, r.conv, r.by]), [[12, "bob", "bob"]]);
+  assert.equal(got.length, 4);
+  assert.deepEqual(calls.map((u) => new URL(u).searchParams.get("changes")), ["1", "1", "1"]); // asked for
+  // A new client with a persisted cursor: the node's changes of older mids are "changed", not "message".
+  const { fetch: fetch2 } = fakeFetch([{ msgs: [m(3, { body: "e", edited: 9 }), m(15)], next: 15, more: false }]);
+  const c2 = new ImClient({ url: "ws://n1/ws", httpUrl: "http://n1", token: token("alice"), WebSocket: node.WebSocket, fetch: fetch2, catchUpSyncMs: 0, lastMid: 14 });
+  const got2 = collect(c2, "message");
+  const changed2 = collect(c2, "changed");
+  await c2.connect();
+  assert.deepEqual(got2.map((x) => x.mid), [15]);
+  assert.deepEqual(changed2.map((x) => [x.mid, x.edited]), [[3, 9]]);
+  c.close();
+  c2.close();
 });
 
 test("keepalive: a silent link is dropped after the ping timeout and the next url is tried", async () => {
