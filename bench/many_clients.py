@@ -30,6 +30,9 @@ one JSON line on stdout:
 - ``{"cmd":"ping","sample":S}``: a WebSocket ping to S of the open connections,
   spread evenly; answers how many ponged within 10 s (``bench.conn_memory``: proof
   an idle connection is still served; nothing else is ever sent on it).
+- ``{"cmd":"storm","http":URL,"spread":S}``: every dropped connection dials
+  again after a random delay within S s, then syncs over HTTP
+  (``bench.reconnect_storm``); answers counts and times.
 - ``{"cmd":"state"}``: open connections (per node), drops so far.
 - ``{"cmd":"close"}``: from now on a closed socket is the benchmark's doing;
   close all, answer and exit.
@@ -54,6 +57,7 @@ from collections import Counter
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import orjson
 from imgate_client.core import encode, make, with_token
 from websockets.frames import Opcode
@@ -411,6 +415,73 @@ class Clients:
                 "p50_ms": round(times[len(times) // 2] * 1000, 2) if times else None,
                 "max_ms": round(times[-1] * 1000, 2) if times else None}
 
+    async def storm(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Every connection that dropped (its node died) dials again after a
+        random delay within ``spread`` s (the SDKs' jittered backoff), then
+        syncs over HTTP (``GET /v1/sync``, its user's token; 503 asked again
+        after 0.5 s, up to 20 times): what a restarted node's users do."""
+        spread, http = float(cmd.get("spread", 5.0)), str(cmd["http"])
+        started, t0 = time.perf_counter(), time.time()
+        hs, errors = LogHist(), Counter[str]()
+        sync_lat = LogHist()
+        synced = unavailable = sync_failed = 0
+        done_at: list[float] = []
+        connected_at: list[float] = []
+        sync_errors: Counter[str] = Counter()
+        sync_slots = asyncio.Semaphore(int(cmd.get("sync_concurrency", 100)))
+
+
+        async def one(i: int, old: Conn, client: httpx.AsyncClient) -> None:
+            nonlocal synced, unavailable, sync_failed
+            await asyncio.sleep(random.random() * spread)
+            conn = await self.dial(old.g, hs, errors)
+            if conn is None:
+                return
+            self.conns[i] = conn
+            reconnected = time.perf_counter()
+            connected_at.append(reconnected - started)
+            if not cmd.get("sync", True):
+                done_at.append(reconnected - started)
+                return
+            token = issue_token(self.secret, f"{self.args.prefix}{old.g}", 7200)
+            status = 0
+            async with sync_slots:
+                for _ in range(20):
+                    try:
+                        r = await client.get(f"{http}/v1/sync", params={"since": 0},
+                                             headers={"Authorization": f"Bearer {token}"})
+                    except httpx.HTTPError as exc:  # asked again, as a client would
+                        sync_errors[type(exc).__name__] += 1
+                        await asyncio.sleep(0.5)
+                        continue
+                    status = r.status_code
+                    if status == 503:
+                        unavailable += 1
+                        await asyncio.sleep(0.5)
+                        continue
+                    break
+            if status == 200:
+                synced += 1
+                sync_lat.add(time.perf_counter() - reconnected)
+                done_at.append(time.perf_counter() - started)
+            else:
+                sync_failed += 1
+
+        lost = [(i, c) for i, c in enumerate(self.conns) if c.closed]
+        limits = httpx.Limits(max_connections=int(cmd.get("sync_concurrency", 100)))
+        async with httpx.AsyncClient(timeout=60, limits=limits, trust_env=False) as client:
+            await asyncio.gather(*(one(i, c, client) for i, c in lost))
+        done_at.sort()
+        connected_at.sort()
+        return {"seconds_to_all_reconnected": round(connected_at[-1], 3) if connected_at
+                else None, "sync_errors": dict(sync_errors), "lost": len(lost),
+                "reconnected": sum(not self.conns[i].closed for i, _ in lost),
+                "synced": synced, "sync_unavailable_answers": unavailable,
+                "sync_failed": sync_failed, "attempt_errors": dict(errors), "started": t0,
+                "seconds_to_all": round(done_at[-1], 3) if done_at else None,
+                "seconds_to_half": round(done_at[len(done_at) // 2], 3) if done_at else None,
+                "handshake": hs.report(), "sync": sync_lat.report()}
+
     def state(self) -> dict[str, Any]:
         live = [c for c in self.conns if not c.closed]
         return {"open": len(live), "held": len(self.conns),
@@ -448,6 +519,8 @@ async def clients_main(args: argparse.Namespace) -> int:
                 emit(await clients.hold(cmd))
             elif what == "ping":
                 emit(await clients.ping(int(cmd["sample"])))
+            elif what == "storm":
+                emit(await clients.storm(cmd))
             elif what == "state":
                 emit(clients.state())
             elif what == "close":
