@@ -131,14 +131,24 @@ class CpuSnapshot:
     wall: float
     procs: dict[int, tuple[str, int]]
     machine: tuple[int, int]
+    parents: dict[int, int] = field(default_factory=dict)  # pid -> its parent's pid
 
 
 def cpu_snapshot() -> CpuSnapshot:
     procs: dict[int, tuple[str, int]] = {}
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and (info := _proc_ticks(int(entry.name))) is not None:
             procs[int(entry.name)] = info
-    return CpuSnapshot(time.perf_counter(), procs, _machine_ticks())
+            parents[int(entry.name)] = _parent(int(entry.name))
+    return CpuSnapshot(time.perf_counter(), procs, _machine_ticks(), parents)
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def cpu_report(before: CpuSnapshot, after: CpuSnapshot, names: dict[int, str],
@@ -153,9 +163,16 @@ def cpu_report(before: CpuSnapshot, after: CpuSnapshot, names: dict[int, str],
     used.sort(reverse=True)
     busy = after.machine[0] - before.machine[0]
     total = after.machine[1] - before.machine[1]
+    # A named node started with workers is a supervisor: its worker processes
+    # (children running ``gateway serve``) do the work and count as its own.
+    cores_of = {pid: c for c, pid, _ in used}
+    for pid, parent in after.parents.items():
+        if parent in names and pid not in names \
+                and after.procs.get(pid, ("", 0))[0].endswith("gateway serve"):
+            cores_of[parent] = cores_of.get(parent, 0.0) + cores_of.get(pid, 0.0)
     return {
         "machine_busy_pct": round(100 * busy / total, 1) if total else None,
-        "by_pid": {str(pid): round(c, 3) for c, pid, _ in used if pid in names},
+        "by_pid": {str(pid): round(cores_of[pid], 3) for pid in names if pid in cores_of},
         "top": [{"pid": pid, "what": label, "cores": round(c, 3)}
                 for c, pid, label in used[:top] if c > 0],
     }
