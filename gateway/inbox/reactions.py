@@ -95,8 +95,14 @@ class Reactions:
             unsure = [mid for entry, mid in zip(msgs, mids, strict=True)
                       if isinstance(entry, dict) and mid not in counts and _message(entry)]
         if unsure:
-            flagged = {*await self.messages.reacted_among(unsure),
-                       *await self.groups.reacted_among(unsure)}
+            # Each kind of message asked of its own collection only (a page of
+            # 1:1 messages costs one query, not two).
+            group_msgs = {mid for entry, mid in zip(msgs, mids, strict=True)
+                          if _is_group(entry)}
+            direct = [m for m in unsure if m not in group_msgs]
+            grouped = [m for m in unsure if m in group_msgs]
+            flagged = {*(await self.messages.reacted_among(direct) if direct else ()),
+                       *(await self.groups.reacted_among(grouped) if grouped else ())}
             if flagged:
                 try:
                     counts.update(await self.store.counts(sorted(flagged),
@@ -118,6 +124,12 @@ class Reactions:
                 entry["reactions"] = got
             out.append(entry)
         return out
+
+
+def _is_group(entry: Any) -> bool:
+    if isinstance(entry, dict):
+        return entry.get("op") == "group_msg"
+    return isinstance(entry, bytes) and entry.startswith(b'{"op":"group_msg"')
 
 
 def _message(entry: Any) -> bool:
