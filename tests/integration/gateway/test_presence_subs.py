@@ -5,7 +5,9 @@ for a node that watches nobody, unsubscribing, the limits, GET /v1/presence."""
 
 from __future__ import annotations
 
-from tests.conftest import settle, uid
+from store.keys import Keys
+from testkit.poll import until
+from tests.conftest import RUN_NS, settle, uid
 
 # The subscription mechanics, with presence shown to everyone (an operator's
 # choice; the default shows it to contacts only: test_contacts.py).
@@ -27,10 +29,14 @@ async def change(device, user) -> dict:
             return f["users"][user]
 
 
-async def test_watchers_get_each_change_of_the_users_they_watch(make_node, connect):
+async def test_watchers_get_each_change_of_the_users_they_watch(make_node, connect,
+                                                                redis_client):
     n1, n2, n3 = await three_nodes(make_node)
     watcher, online, later, stranger = uid("w"), uid("on"), uid("l"), uid("s")
     await connect(n2, online)
+    # A device's route is written just after its handshake: the state a watcher
+    # reads is the routes'.
+    assert await until(lambda: redis_client.exists(Keys(RUN_NS).routes(online)))
     w = await connect(n1, watcher)
     r = await w.request("presence_sub", users=[online, later])
     assert r["op"] == "presence" and r["users"][online]["online"] is True
