@@ -89,16 +89,20 @@ async def settled_memory(pid: int, timeout_s: float, window: int = 5,
 
 
 # -- one server ------------------------------------------------------------------------
+def cpu_s(pid: int) -> float:
+    """The process's user + system CPU seconds so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def idle_cpu_us(pid: int, seconds: float, held_now: int) -> dict[str, Any]:
     """The server's CPU over ``seconds`` of idle connections (one keepalive round
     at the default 20): its user + system time from /proc, per connection-second."""
     if seconds <= 0:
         return {}
-    tick = os.sysconf("SC_CLK_TCK")
 
     def cpu() -> float:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick
+        return cpu_s(pid)
 
     c0, t0 = cpu(), time.perf_counter()
     await asyncio.sleep(seconds)
@@ -134,9 +138,9 @@ async def measure(kind: str, pid: int, ws_url: str, http_url: str | None,
         warm_open = sum(r["open"] for r in warm)
         before = await settled_memory(pid, args.settle_timeout)
         fds_before = fd_count(pid)
-        started = time.perf_counter()
+        started, cpu0 = time.perf_counter(), cpu_s(pid)
         rest = await on_all("open", common.split(args.connections - args.warmup, k))
-        open_s = time.perf_counter() - started
+        open_s, open_cpu = time.perf_counter() - started, cpu_s(pid) - cpu0
         opened_after = sum(r["opened"] for r in rest)
         await asyncio.sleep(max(0.0, args.hold - (time.perf_counter() - started)))
         after = await settled_memory(pid, args.settle_timeout)
@@ -163,6 +167,8 @@ async def measure(kind: str, pid: int, ws_url: str, http_url: str | None,
         "attempt_errors": merge_counts([r["attempt_errors"] for r in warm + rest]),
         "open_seconds": round(open_s, 2),
         "open_per_s": round(opened_after / open_s, 1) if open_s else None,
+        "open_cpu_s": round(open_cpu, 2),
+        "open_per_cpu_s": round(opened_after / open_cpu, 1) if open_cpu else None,
         "memory_before": before, "memory_after": after,
         "fds": {"at_start": fds0, "before": fds_before, "after": fds_after},
         "client_state": held, "ping": {"sampled": sampled, "ponged": ponged,
@@ -245,11 +251,12 @@ def report(res: dict[str, Any]) -> str:
                  + (f", im_connections {int(r['im_connections']):,}"
                     if r["im_connections"] is not None else ""))
         rows.append([r["server"], r["opened_after_baseline"], r["open_per_s"],
-                     "yes" if r["verified"] else "NO", check,
+                     r.get("open_per_cpu_s"), "yes" if r["verified"] else "NO", check,
                      mb["VmRSS"] / 2**20, ma["VmRSS"] / 2**20, r["bytes_per_conn"],
                      (r["bytes_per_conn"] or 0) / 1024, r["anon_bytes_per_conn"],
                      "yes" if mb["stable"] and ma["stable"] else "no"])
-    lines += md_table(["server", "conns after baseline", "opened/s", "verified", "checks",
+    lines += md_table(["server", "conns after baseline", "opened/s",
+                       "opened per server CPU-second", "verified", "checks",
                        "RSS before (MiB)", "RSS after (MiB)", "bytes/conn", "KiB/conn",
                        "anon bytes/conn", "RSS settled"], rows)
     lines += md_table(["server", "idle window (s)", "CPU (cores)", "CPU per connection-second "

@@ -49,6 +49,8 @@ from testkit.servers import free_port
 
 log = functools.partial(common.say, "reconnect_storm")
 _STORE = re.compile(r'im_store_command_seconds_count\{collection="([^"]+)",command="([^"]+)"')
+_BATCH = re.compile(r'im_store_batch_size_(count|sum)\{stage="([^"]+)"\}')
+CONNECT_STAGES = ("sanctions", "routes", "device_claims", "group_loads", "presence")
 
 
 async def node_cpu(pid: int) -> float:
@@ -65,6 +67,16 @@ def store_commands(metrics: dict[str, float]) -> dict[str, float]:
         if m := _STORE.match(name):
             key = f"{m.group(2)} {m.group(1)}"
             out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def batches(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per batching stage of the node: round trips (batches) and items."""
+    out: dict[str, dict[str, float]] = {}
+    for name, value in metrics.items():
+        if m := _BATCH.match(name):
+            kind, stage = m.group(1), m.group(2)
+            out.setdefault(stage, {})["batches" if kind == "count" else "items"] = value
     return out
 
 
@@ -126,7 +138,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                                 for s in storms)
         res["sync_errors"] = {k: sum(s["sync_errors"].get(k, 0) for s in storms)
                               for s0 in storms for k in s0["sync_errors"]}
-        commands = store_commands(await common.fetch_metrics(node.http_url))
+        metrics = await common.fetch_metrics(node.http_url)
+        commands = store_commands(metrics)
+        res["connect_batches"] = {
+            stage: {**b, "per_reconnect": round(b.get("batches", 0) / max(1, reconnected), 4),
+                    "mean_batch": round(b.get("items", 0) / max(1, b.get("batches", 1)), 1)}
+            for stage, b in sorted(batches(metrics).items()) if stage in CONNECT_STAGES}
         res["store_commands"] = commands
         res["store_commands_per_reconnect"] = {key: round(v / max(1, reconnected), 3)
                                                for key, v in sorted(commands.items())}
@@ -154,6 +171,13 @@ def render(res: dict[str, Any]) -> str:
     lines += ["MongoDB commands per reconnection (the restarted node's, storm and syncs):", ""]
     lines += md_table(["command collection", "per reconnection"],
                       [[k, v] for k, v in res.get("store_commands_per_reconnect", {}).items()])
+    lines += ["Redis round trips of the connect path (the node's batching stages: each "
+              "batch is one pipeline):", ""]
+    lines += md_table(["stage", "round trips", "items", "items per round trip",
+                       "round trips per reconnection"],
+                      [[k, b.get("batches"), b.get("items"), b.get("mean_batch"),
+                        b.get("per_reconnect")]
+                       for k, b in res.get("connect_batches", {}).items()])
     return "\n".join(lines + [f"- {cleanup_line(res.get('cleanup', {}))}"])
 
 

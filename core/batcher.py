@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 
 from core.errors import Unavailable
 
-__all__ = ["Batcher"]
+__all__ = ["Batcher", "Observe"]
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -13,7 +13,6 @@ node has its number and name.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -153,7 +152,8 @@ class App:
     def closers(self) -> list[Step]:
         """Ordered shutdown steps after the listeners: work in flight first, the
         broker last (pushes of what was flushed still go out)."""
-        return [("route writes", self.registry.close),
+        return [("sanction reads", self.sessions.moderation.close),
+                ("route writes", self.registry.close),
                 *((("device releases", self.devices.close_all),)
                   if self.devices is not None else ()),
                 ("claims", self.claims.close),
@@ -184,7 +184,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     group_hub = GroupHub(hub)
     broker = make_broker(s.broker, s.amqp_url, s.namespace)
     bindings = Bindings(broker, metrics, s.room_unbind_delay_s, int(60 / s.room_report_s))
-    presence = GroupMembership(group_hub, bindings, stores.group_cache, **batch)
+    presence = GroupMembership(group_hub, bindings, stores.group_cache, **batch,
+                               observe=metrics.stage_observer("group_loads"))
     replay = Replay(hub, stores.offline, metrics)
     # handlers registered below, once their targets exist
     controls = Controls(lambda kind: metrics.controls.labels(kind).inc())
@@ -205,7 +206,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
 
     watchers.dead_nodes = dead_nodes
     moderation = Moderation(stores.sanctions, router, hub, s.auth_max_ttl_s,
-                            metrics.sanctions_unchecked.inc)
+                            metrics.sanctions_unchecked.inc, **batch,
+                            observe=metrics.stage_observer("sanctions"))
     controls.handle(Close, moderation.apply_control)
     controls.handle(Revoke, moderation.apply_control)
     controls.handle(Unban, moderation.apply_control)
@@ -275,16 +277,17 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
             {user: {"online": online, "last_seen": at_ms}}))
 
     watch = PresenceWatch(name, stores.presence, announce, lambda u: len(hub.users.get(u, ())),
-                          s.presence_grace_s)
+                          s.presence_grace_s, observe=metrics.stage_observer("presence"))
     devices = Devices(stores.devices, router, hub, name, s.login_policy,
                       alive=lambda node: router.is_alive(node, time.time()),
-                      replaced=metrics.closed.labels("replaced").inc)
+                      replaced=metrics.closed.labels("replaced").inc, **batch,
+                      observe=metrics.stage_observer)
     controls.handle(CloseConn, devices.apply_control)
     sources.devices = devices  # the events' platforms (built after the outbox)
     registry = Registry(name, hub, stores.routes, presence, live, watch, watchers, replay,
                         **batch,
                         grace_s=s.register_grace_s, closed=metrics.closed.labels("registration"),
-                        devices=devices)
+                        devices=devices, observe=metrics.stage_observer("routes"))
     query = PresenceQuery(stores.routes, router.live_routes)
     verifier = TokenVerifier.from_settings(s)
     hooks = Hooks(HookSettings(
@@ -370,7 +373,7 @@ class _EventSources:
     async def platforms(self, users: Sequence[str]) -> dict[str, list[str]]:
         if self.devices is None or not users:
             return {}
-        found = await asyncio.gather(*(self.devices.devices(u) for u in users))
+        found = await self.devices.devices_many(users)
         return {u: [d["platform"] for d in ds] for u, ds in zip(users, found, strict=True)}
 
     async def unread(self, user: str) -> int:

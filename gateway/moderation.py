@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from core.batcher import Batcher, Observe
 from gateway.auth import Token
 from gateway.errors import ProtocolError
 from gateway.hub import Client, Hub
@@ -31,6 +32,7 @@ from router.controls import (
 )
 from store.errors import Unavailable
 from store.ports import SanctionStore
+from store.records import Sanctions
 
 __all__ = ["CLOSED_BY_SERVER", "Moderation"]
 
@@ -53,8 +55,14 @@ class Teller(Protocol):
 
 class Moderation:
     def __init__(self, store: SanctionStore, teller: Teller, hub: Hub,
-                 token_max_ttl_s: float, unchecked: Callable[[], None] = lambda: None) -> None:
+                 token_max_ttl_s: float, unchecked: Callable[[], None] = lambda: None,
+                 *, max_batch: int = 256, max_pending: int = 20_000,
+                 observe: Observe | None = None) -> None:
         self.store = store
+        # The reads of handshakes and HTTP calls at once share one round trip.
+        self._reads: Batcher[str, Sanctions] = Batcher(
+            lambda users: self.store.get_many(users), name="redis", max_batch=max_batch, max_pending=max_pending,
+            observe=observe)
         self.unchecked = unchecked
         self.teller = teller
         self.hub = hub
@@ -74,7 +82,7 @@ class Moderation:
         Redis outage, as they were before bans existed.
         """
         try:
-            s = await self.store.get(token.user)
+            s = await self._reads.submit(token.user)
         except Unavailable as exc:
             self.unchecked()
             now = time.monotonic()
@@ -86,6 +94,10 @@ class Moderation:
             raise ProtocolError("forbidden", "this user is banned")
         if s.revoked_before and (token.iat or 0.0) < s.revoked_before:
             raise ProtocolError("unauthorized", "token revoked")
+
+    async def close(self) -> None:
+        """Wait for the reads in flight."""
+        await self._reads.close()
 
     async def disconnect(self, user: str) -> None:
         await self.teller.tell([user], Close("disconnected by the server"))

@@ -22,6 +22,7 @@ from store.records import (
     ChatMessage,
     ConversationRow,
     Delivery,
+    DeviceClaim,
     DeviceEntry,
     Erasure,
     GroupMessage,
@@ -273,11 +274,21 @@ class DeviceStore(Protocol):
         Atomic: of two claims of one slot at once, the later one keeps it."""
         ...
 
+    async def claim_many(self, claims: Sequence[DeviceClaim]) -> list[list[str]]:
+        """Each ``claim``, in one round trip (a connect storm's batch)."""
+        ...
+
     async def release(self, user: str, conn: str) -> None: ...
+
+    async def release_many(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """(user, connection) entries dropped, in one round trip."""
+        ...
 
     async def devices(self, user: str) -> list[DeviceEntry]:
         """Every entry, oldest first (a dead node's too: callers filter)."""
         ...
+
+    async def devices_many(self, users: Sequence[str]) -> list[list[DeviceEntry]]: ...
 
 
 class SanctionStore(Protocol):
@@ -285,6 +296,10 @@ class SanctionStore(Protocol):
     and HTTP call, never per frame)."""
 
     async def get(self, user: str) -> Sanctions: ...
+
+    async def get_many(self, users: Sequence[str]) -> list[Sanctions]:
+        """Each user's, in one round trip (the handshakes of a batch)."""
+        ...
 
     async def ban(self, user: str, until: float) -> None: ...
 

@@ -175,6 +175,18 @@ class ConvSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceClaim:
+    """A connection taking its device's slot (``DeviceStore.claim_many``)."""
+
+    user: str
+    conn: str
+    device: str
+    platform: str
+    slot: str
+    since_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceEntry:
     """A connected device of a user: its connection ("node:id"), device id,
     platform and since when (unix ms)."""

@@ -10,6 +10,7 @@ handshake and per HTTP call of that user, never per frame.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from store.keys import Keys
 from store.records import Sanctions
@@ -25,13 +26,22 @@ class SanctionsRedis:
         self._set = Lua("sanction.lua")
 
     async def get(self, user: str) -> Sanctions:
+        return (await self.get_many([user]))[0]
+
+    async def get_many(self, users: Sequence[str]) -> list[Sanctions]:
+        """Each user's sanctions, one round trip (a connect storm's handshakes)."""
         async with redis_guard():
-            ban, rev = await self.redis.hmget(self.keys.sanctions(user),  # type: ignore[misc]
-                                              ["ban", "rev"])
+            pipe = self.redis.pipeline(transaction=False)
+            for user in users:
+                pipe.hmget(self.keys.sanctions(user), ["ban", "rev"])
+            raw: list[list[bytes | None]] = await pipe.execute()
         now = time.time()
-        until = float(ban) if ban is not None else 0.0
-        return Sanctions(banned_until=until if until > now else 0.0,
-                         revoked_before=float(rev) if rev is not None else 0.0)
+        out = []
+        for ban, rev in raw:
+            until = float(ban) if ban is not None else 0.0
+            out.append(Sanctions(banned_until=until if until > now else 0.0,
+                                 revoked_before=float(rev) if rev is not None else 0.0))
+        return out
 
     async def ban(self, user: str, until: float) -> None:
         async with redis_guard():

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable
 
-from core.batcher import Batcher
+from core.batcher import Batcher, Observe
 from core.errors import Unavailable
 from gateway.bindings import Bindings
 from gateway.groups.hub import GroupHub
@@ -32,11 +32,12 @@ class GroupMembership:
     """This node's group map as devices come and go and memberships change."""
 
     def __init__(self, ghub: GroupHub, bindings: Bindings, cache: GroupCache, *,
-                 max_batch: int, max_pending: int) -> None:
+                 max_batch: int, max_pending: int, observe: Observe | None = None) -> None:
         self.ghub = ghub
         self.bindings = bindings
         self._loads: Batcher[str, list[str]] = Batcher(
-            cache.groups_of, name="redis", max_batch=max_batch, max_pending=max_pending)
+            cache.groups_of, name="redis", max_batch=max_batch, max_pending=max_pending,
+            observe=observe)
 
     async def connected(self, client: Client) -> bool:
         """Load the device's groups into the map; False if they could not be read

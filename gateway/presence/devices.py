@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from core.batcher import Batcher, Observe
 from core.devices import REPLACED, slot
 from core.errors import Unavailable
 from gateway.hub import Client, Hub
 from router.controls import CloseConn, Control
 from store.ports import DeviceStore
+from store.records import DeviceClaim
 
 __all__ = ["Devices"]
 
@@ -37,7 +39,9 @@ class Devices:
 
     def __init__(self, store: DeviceStore, teller: Teller, hub: Hub, node: str, policy: str,
                  alive: Callable[[str], bool],
-                 replaced: Callable[[], None] = lambda: None) -> None:
+                 replaced: Callable[[], None] = lambda: None, *, max_batch: int = 256,
+                 max_pending: int = 20_000,
+                 observe: Callable[[str], Observe] | None = None) -> None:
         self.store = store
         self.teller = teller
         self.hub = hub
@@ -46,6 +50,13 @@ class Devices:
         self.alive = alive  # whether a node is live (its devices count)
         self.replaced = replaced  # counts connections closed as replaced
         self._tasks: set[asyncio.Task[None]] = set()
+        # A connect (or disconnect) storm's claims and releases: a round trip a batch.
+        self._claims: Batcher[DeviceClaim, list[str]] = Batcher(
+            store.claim_many, name="redis", max_batch=max_batch, max_pending=max_pending,
+            observe=observe("device_claims") if observe else None)
+        self._releases: Batcher[tuple[str, str], None] = Batcher(
+            self._release_many, name="redis", max_batch=max_batch, max_pending=max_pending,
+            observe=observe("device_releases") if observe else None)
 
     def conn(self, client: Client) -> str:
         return f"{self.node}:{client.id}"
@@ -54,9 +65,9 @@ class Devices:
         """Take the device's slot; close what it replaced (4005). Redis down:
         the connection stays, unlisted and unpoliced (logged)."""
         try:
-            replaced = await self.store.claim(
+            replaced = await self._claims.submit(DeviceClaim(
                 client.user, self.conn(client), client.device, client.platform,
-                slot(self.policy, client.platform, client.device), int(time.time() * 1000))
+                slot(self.policy, client.platform, client.device), int(time.time() * 1000)))
         except Unavailable as exc:
             log.warning("device of %s not claimed: %s", client.user, exc)
             return
@@ -72,7 +83,7 @@ class Devices:
     def disconnected(self, client: Client) -> None:
         async def release() -> None:
             try:
-                await self.store.release(client.user, self.conn(client))
+                await self._releases.submit((client.user, self.conn(client)))
             except Unavailable as exc:  # the entry goes with the key's TTL
                 log.warning("device of %s not released: %s", client.user, exc)
 
@@ -87,10 +98,19 @@ class Devices:
         else:
             await self.teller.tell([user], CloseConn(conn, code, reason))
 
+    async def _release_many(self, pairs: list[tuple[str, str]]) -> list[None]:
+        await self.store.release_many(pairs)
+        return [None] * len(pairs)
+
     async def devices(self, user: str) -> list[dict[str, Any]]:
         """The user's connected devices, on live nodes, oldest first."""
-        return [{"device": d.device, "platform": d.platform, "since": d.since_ms}
-                for d in await self.store.devices(user) if self.alive(d.node)]
+        return (await self.devices_many([user]))[0]
+
+    async def devices_many(self, users: Sequence[str]) -> list[list[dict[str, Any]]]:
+        """``devices`` of each user, one round trip."""
+        return [[{"device": d.device, "platform": d.platform, "since": d.since_ms}
+                 for d in found if self.alive(d.node)]
+                for found in await self.store.devices_many(users)]
 
     async def disconnect_device(self, user: str, device: str) -> int:
         """Close ``device``'s connections (4003); how many there were."""
@@ -118,3 +138,5 @@ class Devices:
     async def close_all(self) -> None:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
+        await self._claims.close()
+        await self._releases.close()

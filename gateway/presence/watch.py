@@ -33,8 +33,10 @@ RETRY_S = 1.0
 class PresenceWatch:
     def __init__(self, node: str, store: PresenceStore,
                  announce: Callable[[str, bool, int], None], local: Callable[[str], int],
-                 grace_s: float, *, enabled: bool = True) -> None:
+                 grace_s: float, *, enabled: bool = True,
+                 observe: Callable[[int, float, float], None] | None = None) -> None:
         self.node = node
+        self.observe = observe  # (users, 0, seconds) per arrival round trip
         self.store = store
         self.announce = announce  # (user, online, unix ms): events and watchers
         self.local = local  # this node's open connections of a user
@@ -110,11 +112,14 @@ class PresenceWatch:
     async def _arrive(self) -> None:
         while self._arrived:
             users = [self._arrived.pop() for _ in range(min(CHUNK, len(self._arrived)))]
+            started = time.perf_counter()
             try:
                 new = await self.store.arrive(self.node, users)
             except Unavailable:
                 self._arrived.update(users)
                 raise
+            if self.observe is not None:
+                self.observe(len(users), 0.0, time.perf_counter() - started)
             at = int(time.time() * 1000)
             for user in new:
                 self.announce(user, True, at)

@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from core.batcher import Batcher
+from core.batcher import Batcher, Observe
 from core.errors import Unavailable
 from gateway.delivery import Replay
 from gateway.groups.membership import GroupMembership
@@ -59,7 +59,7 @@ class Registry:
                  live: LiveRooms, presence: PresenceWatch, watchers: PresenceSubs,
                  replay: Replay, *, max_batch: int, max_pending: int, retry_s: float = 0.25,
                  grace_s: float = 30.0, closed: Count | None = None,
-                 devices: Devices | None = None) -> None:
+                 devices: Devices | None = None, observe: Observe | None = None) -> None:
         self.node = node
         self.hub = hub
         self.routes = routes
@@ -69,7 +69,8 @@ class Registry:
         self.watchers = watchers
         self.replay = replay
         self._ops: Batcher[RouteOp, None] = Batcher(
-            self._flush, name="redis", max_batch=max_batch, max_pending=max_pending)
+            self._flush, name="redis", max_batch=max_batch, max_pending=max_pending,
+            observe=observe)
         self.retry_s = retry_s
         self.grace_s = grace_s
         self.closed = closed

@@ -210,3 +210,62 @@ def test_edge_defaults():
     assert (s.metrics_host, s.metrics_port, s.metrics_public) == ("127.0.0.1", 9464, 0)
     assert Settings.from_env({"IM_ENV": "production", "IM_AUTH_SECRET": SECRET}).env == \
         "production"
+
+
+def _outcome(verifier: TokenVerifier, token: str) -> tuple[str, object]:
+    try:
+        t = verifier.check(token, now=NOW)
+    except ProtocolError as err:
+        return ("refused", err.message)
+    return ("ok", (t.user, t.exp, t.iat, t.device, t.platform))
+
+
+def _b64(data: bytes) -> str:
+    return jwt.utils.base64url_encode(data).decode()
+
+
+FAST_PATH_CASES = [
+    signed({"sub": "alice", "exp": NOW + 60}),
+    signed({"sub": "alice", "exp": NOW + 60, "iat": NOW, "device": "d1", "platform": "ios"}),
+    signed({"sub": "alice", "exp": NOW + 60}, secret="t" * 40),  # another secret
+    signed({"sub": "alice"}),  # no exp
+    signed({"exp": NOW + 60}),  # no sub
+    signed({"sub": None, "exp": NOW + 60}),
+    signed({"sub": 7, "exp": NOW + 60}),
+    signed({"sub": "alice", "exp": NOW + 60, "jti": 5}),
+    signed({"sub": "alice", "exp": "soon"}),
+    signed({"sub": "alice", "exp": NOW - 60}),  # expired
+    signed({"sub": "g:x", "exp": NOW + 60}),
+    jwt.encode({"sub": "alice", "exp": NOW + 60}, SECRET, "HS256", headers={"kid": "k1"}),
+    jwt.encode({"sub": "alice", "exp": NOW + 60}, SECRET, "HS384"),
+    jwt.encode({"sub": "alice", "exp": NOW + 60}, None, "none"),
+    signed({"sub": "alice", "exp": NOW + 60})[:-3] + "AAA",  # signature altered
+    signed({"sub": "alice", "exp": NOW + 60}) + ".x",  # a fourth segment
+    "not-a-token", "a.b", "..", "a.b.c",
+    _b64(b'{"alg":"HS256"}') + "." + _b64(b"[1,2]") + ".sig",
+    _b64(b"[]") + "." + _b64(b"{}") + "." + _b64(b"x"),
+]
+
+
+@pytest.mark.parametrize("token", FAST_PATH_CASES)
+def test_the_hs256_fast_path_decides_as_pyjwt_does(token):
+    fast = TokenVerifier(SECRET)
+    slow = TokenVerifier(SECRET)
+    object.__setattr__(slow, "_mac", None)  # every token through PyJWT
+    assert fast.__dict__["_mac"] is not None
+    assert _outcome(fast, token) == _outcome(slow, token)
+
+
+def test_the_signature_of_a_payload_the_fast_path_reads_must_hold():
+    """A forged payload under a valid header is refused (the HMAC covers both)."""
+    good = signed({"sub": "alice", "exp": NOW + 60})
+    head, _, sig = good.split(".")
+    body = _b64(b'{"sub":"mallory","exp":1900000000}')
+    forged = f"{head}.{body}.{sig}"
+    assert _outcome(TokenVerifier(SECRET), forged) == ("refused", "token is invalid")
+
+
+def test_issuer_or_audience_settings_leave_every_token_to_pyjwt():
+    assert TokenVerifier(SECRET, issuer="me").__dict__["_mac"] is None
+    assert TokenVerifier(SECRET, audience="app").__dict__["_mac"] is None
+    assert TokenVerifier("short").__dict__["_mac"] is None
