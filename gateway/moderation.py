@@ -61,8 +61,8 @@ class Moderation:
         self.store = store
         # The reads of handshakes and HTTP calls at once share one round trip.
         self._reads: Batcher[str, Sanctions] = Batcher(
-            lambda users: self.store.get_many(users), name="redis", max_batch=max_batch, max_pending=max_pending,
-            observe=observe)
+            lambda users: self.store.get_many(users), name="redis", max_batch=max_batch,
+            max_pending=max_pending, observe=observe)
         self.unchecked = unchecked
         self.teller = teller
         self.hub = hub

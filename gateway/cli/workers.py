@@ -16,7 +16,10 @@ A worker that exits unexpectedly is started again after a backoff (1 s,
 doubling to 30 s; back to 1 s once it stayed up a minute): its clients
 reconnect (to any worker) and sync. SIGTERM or SIGINT drains every worker
 (each tells its clients to reconnect and finishes what it stored) and the
-supervisor exits once they have. A worker's output goes to the
+supervisor exits once they have. A supervisor that dies without draining
+them (SIGKILL, the OOM killer) does not leave them serving on their own: the
+kernel sends each worker SIGTERM as its parent goes (Linux's
+``PR_SET_PDEATHSIG``), and they drain. A worker's output goes to the
 supervisor's, each line prefixed with the worker's index.
 """
 
@@ -24,13 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["supervise"]
@@ -117,7 +121,7 @@ class Supervisor:
             w.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "gateway", "serve", env=w.env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT)
+                stderr=asyncio.subprocess.STDOUT, preexec_fn=_with_parent(os.getpid()))
             log.info("worker %d started (pid %d)", w.index, w.proc.pid)
             await self._relay(w)
             code = await w.proc.wait()
@@ -144,6 +148,26 @@ class Supervisor:
                 w.ready.set()
             out.write(b"[worker %d] " % w.index + line.replace(READY, b"gateway: worker "))
             out.flush()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _with_parent(parent: int) -> Callable[[], None] | None:
+    """Run in each worker between fork and exec: SIGTERM when the supervisor
+    dies (a worker whose parent is already gone exits at once). None where
+    the C library has no ``prctl`` (not Linux)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
 
 
 def _signal(w: Worker, sig: int) -> None:

@@ -463,3 +463,71 @@ async def test_abort_drops_the_socket_without_a_close(server, how):
     assert c.seen["close_sent"] is None  # no close handshake: dropped
     assert got == ["hello"]
     assert client.protocol.close_rcvd is None  # 1006: the TCP connection just ended
+
+
+async def test_a_lightened_connection_reads_fragmented_messages_and_drains():
+    """``lighten`` (the handshake's headers cleared, a list for two deques)
+    leaves websockets working: fragmented and whole messages arrive intact and
+    in order, pings are answered, and a send that must wait for a slow reader
+    (``drain``, its waiters in the list) completes once the client reads."""
+    from gateway.wire import lighten
+
+    seen: list[str] = []
+    checked: dict[str, Any] = {}
+    done = asyncio.Event()
+
+    async def handler(ws: ServerConnection) -> None:
+        request = ws.request
+        lighten(ws)
+        checked["headers"] = len(request.headers) if request is not None else -1
+        checked["waiters"] = type(ws.drain_waiters).__name__
+        checked["queue"] = type(ws.recv_messages.frames.queue).__name__
+        async for message in ws:
+            assert isinstance(message, str)
+            seen.append(message)
+            if message == "big":
+                await ws.send("x" * (4 << 20))  # past the client's buffers: drain() waits
+            await ws.send(f"got {len(message)}")
+        done.set()
+
+    async with serve(handler, "127.0.0.1", 0, compression=None) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None,
+                           max_size=None) as client:
+            sent, replies = [], []
+            for i in range(30):
+                parts = [f"part{i}-{k}-" + "y" * (i * 37 % 500) for k in range(1 + i % 5)]
+                if i % 3:
+                    await client.send(iter(parts))  # one message in len(parts) frames
+                else:
+                    await client.send("".join(parts))
+                sent.append("".join(parts))
+                if i % 7 == 0:
+                    await asyncio.wait_for(await client.ping(), 5)
+                replies.append(await asyncio.wait_for(client.recv(), 10))
+            await client.send("big")
+            sent.append("big")
+            await asyncio.sleep(0.2)  # the server's send is blocked on drain meanwhile
+            replies += [await asyncio.wait_for(client.recv(), 10) for _ in range(2)]
+        await asyncio.wait_for(done.wait(), 5)
+    assert checked == {"headers": 0, "waiters": "list", "queue": "_ListQueue"}
+    assert seen == sent
+    assert [r for r in replies if len(r) < 100] == [f"got {len(s)}" for s in sent]
+    assert len(replies[-2]) == 4 << 20
+
+
+def test_the_list_queue_does_what_the_deque_did():
+    from collections import deque
+
+    from gateway.wire import _ListQueue
+
+    a: Any = deque()
+    b: Any = _ListQueue()
+    for q in (a, b):
+        q.append(1)
+        q.append(2)
+        q.extendleft(reversed([7, 8]))
+        q.append(3)
+    assert list(a) == list(b) == [7, 8, 1, 2, 3]
+    assert [a.popleft() for _ in range(5)] == [b.popleft() for _ in range(5)]
+    assert not a and not b and len(b) == 0

@@ -78,3 +78,18 @@ async def test_workers_share_the_ports_and_a_killed_worker_is_started_again(
     said = b"".join(sup.output)
     assert b"worker 0 exited (code -9); starting it again" in said
     assert b"draining 2 workers" in said and b"gateway.workers stopped" in said
+
+
+async def test_a_killed_supervisor_leaves_no_worker_serving(node_process):
+    """SIGKILL of the supervisor (no drain from it): the kernel tells each worker
+    (PR_SET_PDEATHSIG), which drains and exits; none is left holding the port."""
+    sup = await node_process(workers=2, **FAST_HEARTBEAT)
+    workers = await until(lambda: len(children(sup.pid)) == 2 and children(sup.pid))
+    assert len(workers) == 2
+    try:
+        sup.kill()
+        await sup.wait(30)
+        assert await until(lambda: not alive(workers), timeout=30)
+    finally:
+        for pid in alive(workers):  # (only if the check failed: none may outlive the test)
+            os.kill(pid, signal.SIGKILL)
