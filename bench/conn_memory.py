@@ -25,7 +25,9 @@ For each server (our node, then the bare server of ``bench.room_baselines idle``
    (``--ping-sample``) that must all pong, the server's open file
    descriptors, and for the node its ``im_connections`` gauge.
 5. Bytes per connection = (RSS after - RSS at baseline) / connections opened
-   after the baseline. RSS is VmRSS from /proc/PID/status; RssAnon (the
+   after the baseline (a node started with ``--workers``: summed over its
+   worker processes, as are its CPU and descriptors). RSS is VmRSS from
+   /proc/PID/status; RssAnon (the
    heap) is reported too.
 
 Targets (issue): at most 16 KiB per idle connection on a node, and 15,000
@@ -60,18 +62,36 @@ FD_MARGIN = 500  # descriptors a process needs besides its connections
 
 
 # -- /proc ---------------------------------------------------------------------------
+def tree(pid: int) -> list[int]:
+    """``pid`` and, for a node started with workers, its worker processes (its
+    children running ``gateway serve``): what the server's figures sum over."""
+    found = [pid]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"gateway\0serve" in cmd:
+            found.append(int(entry.name))
+    return found
+
+
 def proc_memory(pid: int) -> dict[str, int]:
-    """VmRSS, RssAnon, RssFile and VmHWM of ``pid`` in bytes."""
+    """VmRSS, RssAnon, RssFile and VmHWM in bytes, summed over ``tree(pid)``."""
     out: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
-            out[key] = int(value.split()[0]) * 1024
+    for one in tree(pid):
+        for line in Path(f"/proc/{one}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                out[key] = out.get(key, 0) + int(value.split()[0]) * 1024
     return out
 
 
 def fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    return sum(len(os.listdir(f"/proc/{one}/fd")) for one in tree(pid))
 
 
 async def settled_memory(pid: int, timeout_s: float, window: int = 5,
@@ -90,9 +110,12 @@ async def settled_memory(pid: int, timeout_s: float, window: int = 5,
 
 # -- one server ------------------------------------------------------------------------
 def cpu_s(pid: int) -> float:
-    """The process's user + system CPU seconds so far (/proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds so far (/proc), summed over ``tree(pid)``."""
+    used = 0
+    for one in tree(pid):
+        fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        used += int(fields[11]) + int(fields[12])
+    return used / os.sysconf("SC_CLK_TCK")
 
 
 async def idle_cpu_us(pid: int, seconds: float, held_now: int) -> dict[str, Any]:
@@ -148,7 +171,9 @@ async def measure(kind: str, pid: int, ws_url: str, http_url: str | None,
         fds_after = fd_count(pid)
         states = await on_all("state")
         pings = await on_all("ping", common.split(args.ping_sample, k))
-        gauge = (await common.fetch_metrics(http_url)).get("im_connections") if http_url else None
+        # (With workers, the API port answers for one of them: no single gauge.)
+        gauge = (await common.fetch_metrics(http_url)).get("im_connections") \
+            if http_url and len(tree(pid)) == 1 else None
     finally:
         await asyncio.gather(*(c.stop({"cmd": "close"}, 30) for c in clients),
                              return_exceptions=True)
@@ -307,9 +332,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not 0 < args.warmup < args.connections or args.clients < 1 or args.concurrency < 1:
         p.error("need 0 < --warmup < --connections, --clients >= 1, --concurrency >= 1")
     limit = common.raise_fd_limit()
-    if args.connections + FD_MARGIN > limit:
+    workers = (os.cpu_count() or 1) if args.workers == "auto" else max(1, int(args.workers))
+    per_process = -(-args.connections // workers)  # the workers share them
+    if per_process + FD_MARGIN > limit:
         p.error(f"{args.connections} connections need more than the fd limit {limit} "
-                "allows one server process")
+                "allows one server process (--workers N spreads them)")
     if -(-args.connections // args.clients) + FD_MARGIN > limit:
         p.error("too few --clients for the fd limit")
     return args

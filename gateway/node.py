@@ -23,7 +23,7 @@ from starlette.types import ASGIApp
 from websockets.asyncio.server import Server, serve
 
 from core.errors import Unavailable
-from gateway import frames
+from gateway import frames, wire
 from gateway.app import App, Step, compose
 from gateway.chat.dead_sends import CLAIM_TTL_S, DeadSends
 from gateway.config import Settings
@@ -202,6 +202,7 @@ class Node:
                 # and timer per connection.
                 max_size=s.max_frame, compression=None, ping_interval=None,
                 close_timeout=2, backlog=s.listen_backlog,
+                create_connection=wire.NodeConnection,  # pongs read without the parser
             )
         self.ws_port = self._ws_server.sockets[0].getsockname()[1]
         with _listening(s.host, s.http_port, "IM_HTTP_PORT"):

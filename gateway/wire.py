@@ -12,7 +12,8 @@ interleaves the two on a real connection, with websockets 15 to 17). Every
 raw access to a socket goes through this module: ``is_open``, ``is_closing``,
 ``buffered``, ``write``, ``writelines``, ``abort``, ``write_wires`` (one
 reply under the open-state check and the bound), ``lighten`` (what an idle
-connection keeps of websockets' state), and the ``SocketWriter``
+connection keeps of websockets' state), ``NodeConnection`` (the answers to
+the keepalive's pings, read without websockets' parser), and the ``SocketWriter``
 that fans one frame out to many (its loop inlines the same checks: it is the
 room and group fan-out's hot path).
 
@@ -31,12 +32,14 @@ import logging
 import struct
 import time
 from collections.abc import Iterable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
+from websockets.streams import StreamReader
 
-__all__ = ["Count", "Peer", "SocketWriter", "Written", "abort", "buffered", "is_closing",
+__all__ = ["Count", "NodeConnection", "Peer", "SocketWriter", "Written", "abort", "buffered",
+           "is_closing",
            "is_open", "lighten", "write", "write_wires", "writelines", "ws_text_frame"]
 
 log = logging.getLogger("gateway.wire")
@@ -94,6 +97,45 @@ def lighten(ws: ServerConnection) -> None:
     queue = getattr(frames, "queue", None)
     if isinstance(queue, collections.deque) and not queue:
         frames.queue = _ListQueue()  # type: ignore[union-attr]
+
+
+_AT_EOF = StreamReader.at_eof.__code__  # where websockets' parser waits between frames
+_PONG_HEAD = b"\x8a\x84"  # FIN + pong, masked (client to server), 4 bytes of payload
+
+
+class NodeConnection(ServerConnection):
+    """websockets' server connection, but a pong to the first ping still
+    waiting is read here, without websockets' parser: the answers to the
+    keepalive's pings (``gateway.ws.keepalive``) are most of an idle
+    connection's traffic. Only when the bytes received are exactly one such
+    frame (10 bytes) and websockets' parser stands between two frames (it is
+    waiting in ``at_eof`` with nothing buffered); everything else goes to
+    websockets unchanged. Answering the oldest ping only is what websockets
+    does with it (``acknowledge_pings``), so its state is the same either way."""
+
+    def data_received(self, data: bytes) -> None:
+        if len(data) == 10 and data[:2] == _PONG_HEAD and self.pending_pings \
+                and self.protocol.state is _OPEN and _between_frames(self):
+            key = (int.from_bytes(data[6:10], "big")
+                   ^ int.from_bytes(data[2:6], "big")).to_bytes(4, "big")
+            pending = self.pending_pings
+            if key == next(iter(pending)):
+                waiter, sent_at = pending.pop(key)
+                self.latency = self.loop.time() - sent_at
+                if not waiter.done():
+                    waiter.set_result(self.latency)
+                return
+        super().data_received(data)
+
+
+def _between_frames(ws: ServerConnection) -> bool:
+    protocol = ws.protocol
+    if protocol.reader.buffer:
+        return False
+    g: Any = protocol.parser
+    while (inner := g.gi_yieldfrom) is not None:
+        g = inner
+    return g.gi_code is _AT_EOF
 
 
 def is_open(ws: ServerConnection) -> bool:

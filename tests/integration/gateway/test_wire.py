@@ -531,3 +531,77 @@ def test_the_list_queue_does_what_the_deque_did():
     assert list(a) == list(b) == [7, 8, 1, 2, 3]
     assert [a.popleft() for _ in range(5)] == [b.popleft() for _ in range(5)]
     assert not a and not b and len(b) == 0
+
+
+async def test_node_connection_reads_pongs_itself_and_leaves_the_rest_to_websockets():
+    """``NodeConnection``: a pong of exactly one frame to the oldest pending ping
+    is read without websockets' parser (its ``receive_data`` is not called) and
+    settles the ping as websockets would (future, latency); a pong coalesced
+    with another frame, split over two segments, or answering a later ping goes
+    to websockets, which reads it as before."""
+    from websockets.frames import Frame, Opcode
+
+    from gateway.wire import NodeConnection
+
+    got: asyncio.Queue[str] = asyncio.Queue()
+    conns: list[ServerConnection] = []
+    parsed = [0]
+
+    async def handler(ws: ServerConnection) -> None:
+        receive = ws.protocol.receive_data
+
+        def counting(data: bytes) -> None:
+            parsed[0] += 1
+            receive(data)
+
+        ws.protocol.receive_data = counting  # type: ignore[method-assign]
+        conns.append(ws)
+        async for message in ws:
+            await got.put(str(message))
+
+    def pong(payload: bytes) -> bytes:
+        return Frame(Opcode.PONG, payload).serialize(mask=True)
+
+    async with serve(handler, "127.0.0.1", 0, compression=None,
+                     create_connection=NodeConnection, ping_interval=None) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None,
+                           ping_interval=None) as client:
+            await client.send("hello")
+            assert await asyncio.wait_for(got.get(), 5) == "hello"
+            ws = conns[0]
+            before = parsed[0]
+            # (a) websockets' own ping, answered by the client: read here
+            latency = await asyncio.wait_for(await ws.ping(b"pin1"), 5)
+            assert latency >= 0 and ws.latency == latency and not ws.pending_pings
+            assert parsed[0] == before
+            raw = client.transport
+            # (b) a pong in the same segment as a text frame: websockets reads both
+            waiter = await ws.ping(b"pin2")
+            await asyncio.sleep(0.05)  # the client's own pong went first
+            assert waiter.done() and parsed[0] == before  # (read here too)
+            ws.pending_pings[b"raw1"] = (asyncio.get_running_loop().create_future(), 0.0)
+            raw.write(pong(b"raw1") + Frame(Opcode.TEXT, b"after").serialize(mask=True))
+            assert await asyncio.wait_for(got.get(), 5) == "after"
+            assert not ws.pending_pings and parsed[0] == before + 1
+            # (c) a pong split over two segments
+            ws.pending_pings[b"raw2"] = (asyncio.get_running_loop().create_future(), 0.0)
+            frame = pong(b"raw2")
+            raw.write(frame[:5])
+            await asyncio.sleep(0.05)
+            raw.write(frame[5:])
+            for _ in range(100):
+                if not ws.pending_pings:
+                    break
+                await asyncio.sleep(0.01)
+            assert not ws.pending_pings and parsed[0] == before + 3
+            # (d) a pong to the later of two pings: websockets settles both
+            loop = asyncio.get_running_loop()
+            first, second = loop.create_future(), loop.create_future()
+            ws.pending_pings[b"old1"] = (first, 0.0)
+            ws.pending_pings[b"new1"] = (second, 0.0)
+            raw.write(pong(b"new1"))
+            await asyncio.wait_for(asyncio.gather(first, second), 5)
+            assert not ws.pending_pings and parsed[0] == before + 4
+            await client.send("still fine")
+            assert await asyncio.wait_for(got.get(), 5) == "still fine"
