@@ -238,7 +238,7 @@ FAST_PATH_CASES = [
     signed({"sub": "g:x", "exp": NOW + 60}),
     jwt.encode({"sub": "alice", "exp": NOW + 60}, SECRET, "HS256", headers={"kid": "k1"}),
     jwt.encode({"sub": "alice", "exp": NOW + 60}, SECRET, "HS384"),
-    jwt.encode({"sub": "alice", "exp": NOW + 60}, None, "none"),
+    jwt.encode({"sub": "alice", "exp": NOW + 60}, None, "none"),  # type: ignore[arg-type]
     signed({"sub": "alice", "exp": NOW + 60})[:-3] + "AAA",  # signature altered
     signed({"sub": "alice", "exp": NOW + 60}) + ".x",  # a fourth segment
     "not-a-token", "a.b", "..", "a.b.c",

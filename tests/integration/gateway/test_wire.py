@@ -550,7 +550,7 @@ async def test_node_connection_reads_pongs_itself_and_leaves_the_rest_to_websock
     async def handler(ws: ServerConnection) -> None:
         receive = ws.protocol.receive_data
 
-        def counting(data: bytes) -> None:
+        def counting(data: bytes | bytearray) -> None:
             parsed[0] += 1
             receive(data)
 
@@ -577,7 +577,7 @@ async def test_node_connection_reads_pongs_itself_and_leaves_the_rest_to_websock
             assert parsed[0] == before
             raw = client.transport
             # (b) a pong in the same segment as a text frame: websockets reads both
-            waiter = await ws.ping(b"pin2")
+            waiter = asyncio.ensure_future(await ws.ping(b"pin2"))
             await asyncio.sleep(0.05)  # the client's own pong went first
             assert waiter.done() and parsed[0] == before  # (read here too)
             ws.pending_pings[b"raw1"] = (asyncio.get_running_loop().create_future(), 0.0)
