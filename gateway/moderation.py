@@ -79,8 +79,14 @@ class Moderation:
 
         While Redis cannot be read the check is skipped (counted, logged once
         a minute): sync and history keep being served from MongoDB during a
-        Redis outage, as they were before bans existed.
+        Redis outage, as they were before bans existed. With ``max_pending``
+        checks already waiting (a connect storm past what Redis keeps up
+        with) it raises ``Unavailable``: the caller refuses, and the client
+        retries.
         """
+        if self._reads.pending >= self._reads.max_pending:
+            # Overloaded, not down: refused (retry), never admitted unchecked.
+            raise Unavailable("sanctions", "too many checks waiting")
         try:
             s = await self._reads.submit(token.user)
         except Unavailable as exc:

@@ -43,6 +43,8 @@ from store.ports import CounterStore, FeedCache, FollowStore, PostStore, Timelin
 __all__ = ["FeedService", "feed_frame"]
 
 log = logging.getLogger("gateway.feed.service")
+HOUSEKEEP_S = 1.0  # counters to MongoDB and timeline trims: at most a round this often
+HOUSEKEEP_IDLE_S = 4.0  # rounds that find nothing back off to one this often
 FRIENDS_SCAN = 200  # following ids read per round of a friends page
 
 
@@ -82,6 +84,7 @@ class FeedService:
         self.ids = ids
         self.limits = limits
         self._tasks: list[asyncio.Task[None]] = []
+        self._work = asyncio.Event()  # a counter moved here: the next round is due
 
     def start(self) -> None:
         self.fanout.start()
@@ -201,9 +204,9 @@ class FeedService:
             if not pushed:
                 await self.cache.set_pull(author, post)
         if repost_of is not None:
-            await self.counters.bump(repost_of, "r")
+            await self._bump(repost_of, "r")
         if reply_to is not None:
-            await self.counters.bump(reply_to, "c")
+            await self._bump(reply_to, "c")
         if pushed:
             await self.fanout.enqueue(post)
         return (await self.shape([doc]))[0]
@@ -224,7 +227,7 @@ class FeedService:
     async def like(self, user: str, post: int) -> None:
         await self._live(post)
         if await self.posts.like(post, user):
-            await self.counters.bump(post, "l")
+            await self._bump(post, "l")
 
     async def unlike(self, user: str, post: int) -> None:
         """The count moves only for the caller whose delete removed the like:
@@ -233,7 +236,7 @@ class FeedService:
         else 0."""
         await self._live(post)
         if await self.posts.unlike(post, user):
-            await self.counters.bump(post, "l", -1)
+            await self._bump(post, "l", -1)
 
     async def post(self, post: int) -> dict[str, Any]:
         """One live post in the timeline's shape (a repost carries ``original``)."""
@@ -303,19 +306,34 @@ class FeedService:
         return await self._page(await self.posts.comments_of(post, cursor, limit + 1), limit)
 
     # -- housekeeping ------------------------------------------------------------------
+    async def _bump(self, post: int, field: str, by: int = 1) -> None:
+        await self.counters.bump(post, field, by)
+        self._work.set()
+
     async def _housekeeping(self) -> None:
+        """A round a second while rounds find work; rounds that find none back
+        off to one every ``HOUSEKEEP_IDLE_S`` (a node with no feed traffic polls
+        Redis less), and a counter moved on this node ends the wait."""
+        extra = 0.0  # the idle backoff beyond HOUSEKEEP_S
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(HOUSEKEEP_S)
+            if extra:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(extra):
+                        await self._work.wait()
+            self._work.clear()
+            found = 1
             try:
-                await self._flush_counts()
-                await self._trim()
+                found = await self._flush_counts() + await self._trim()
             except Unavailable as exc:
                 log.warning("feed housekeeping paused: %s", exc)
             except Exception:
                 log.exception("feed housekeeping failed")
+            extra = 0.0 if found else min(HOUSEKEEP_IDLE_S - HOUSEKEEP_S,
+                                          max(HOUSEKEEP_S, extra * 2))
 
-    async def _flush_counts(self) -> None:
-        """Counters changed in Redis go to MongoDB, 500 posts a round."""
+    async def _flush_counts(self) -> int:
+        """Counters changed in Redis go to MongoDB, 500 posts a round; how many."""
         counts, unmerged = await self.counters.dirty(500)
         if unmerged:  # merge MongoDB's flushed values first, then flush the sum
             docs = await self.posts.get_posts(unmerged)
@@ -326,14 +344,18 @@ class FeedService:
             except Unavailable:
                 await self.counters.redirty(counts)
                 raise
+        return len(counts) + len(unmerged)
 
-    async def _trim(self) -> None:
+    async def _trim(self) -> int:
+        """Timelines due for a trim (50 a round); how many."""
         keep = self.limits.timeline_max
-        for user in await self.cache.due_trims(50):
+        due = await self.cache.due_trims(50)
+        for user in due:
             floor = await self.timelines.trim(user, keep)
             if floor is not None:
                 await self.cache.set_floor(user, floor)
             await self.cache.trimmed(user, keep)
+        return len(due)
 
 
 def _seek_key(scope: str, cursor: str | None) -> str | None:

@@ -130,9 +130,15 @@ class Sessions:
         try:
             checked = self.verifier.check(token)
             await self.moderation.admit(checked)  # one Redis read per handshake
-        except ProtocolError as err:  # (admit never raises Unavailable: it skips the check)
+        except ProtocolError as err:
             status = HTTPStatus.FORBIDDEN if err.code == "forbidden" else HTTPStatus.UNAUTHORIZED
             return conn.respond(status, err.message + "\n")
+        except Unavailable:  # too many checks waiting (Redis down: admit skips the check)
+            self.metrics.limit_refusals.labels("handshakes_waiting").inc()
+            response = conn.respond(HTTPStatus.SERVICE_UNAVAILABLE,
+                                    "the node is busy with other connections; retry\n")
+            response.headers["Retry-After"] = "1"
+            return response
         user = checked.user
         if not self._user_handshakes.take(user, time.monotonic()):
             self.metrics.limit_refusals.labels("user_handshakes").inc()
