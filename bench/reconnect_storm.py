@@ -50,7 +50,7 @@ from testkit.servers import free_port
 log = functools.partial(common.say, "reconnect_storm")
 _STORE = re.compile(r'im_store_command_seconds_count\{collection="([^"]+)",command="([^"]+)"')
 _BATCH = re.compile(r'im_store_batch_size_(count|sum)\{stage="([^"]+)"\}')
-CONNECT_STAGES = ("sanctions", "routes", "device_claims", "group_loads", "presence")
+CONNECT_STAGES = ("sanctions", "routes", "devices", "group_loads", "presence")
 
 
 async def node_cpu(pid: int) -> float:

@@ -50,13 +50,13 @@ class Devices:
         self.alive = alive  # whether a node is live (its devices count)
         self.replaced = replaced  # counts connections closed as replaced
         self._tasks: set[asyncio.Task[None]] = set()
-        # A connect (or disconnect) storm's claims and releases: a round trip a batch.
-        self._claims: Batcher[DeviceClaim, list[str]] = Batcher(
-            store.claim_many, name="redis", max_batch=max_batch, max_pending=max_pending,
-            observe=observe("device_claims") if observe else None)
-        self._releases: Batcher[tuple[str, str], None] = Batcher(
-            self._release_many, name="redis", max_batch=max_batch, max_pending=max_pending,
-            observe=observe("device_releases") if observe else None)
+        # A connect (or disconnect) storm's claims and releases, a round trip a
+        # batch. One queue for both: a connection's release is never written
+        # before its claim (it is submitted after it, and a batch writes its
+        # claims first), which would leave its entry behind.
+        self._writes: Batcher[DeviceClaim | tuple[str, str], list[str]] = Batcher(
+            self._write_many, name="redis", max_batch=max_batch, max_pending=max_pending,
+            observe=observe("devices") if observe else None)
 
     def conn(self, client: Client) -> str:
         return f"{self.node}:{client.id}"
@@ -65,7 +65,7 @@ class Devices:
         """Take the device's slot; close what it replaced (4005). Redis down:
         the connection stays, unlisted and unpoliced (logged)."""
         try:
-            replaced = await self._claims.submit(DeviceClaim(
+            replaced = await self._writes.submit(DeviceClaim(
                 client.user, self.conn(client), client.device, client.platform,
                 slot(self.policy, client.platform, client.device), int(time.time() * 1000)))
         except Unavailable as exc:
@@ -83,7 +83,7 @@ class Devices:
     def disconnected(self, client: Client) -> None:
         async def release() -> None:
             try:
-                await self._releases.submit((client.user, self.conn(client)))
+                await self._writes.submit((client.user, self.conn(client)))
             except Unavailable as exc:  # the entry goes with the key's TTL
                 log.warning("device of %s not released: %s", client.user, exc)
 
@@ -98,9 +98,14 @@ class Devices:
         else:
             await self.teller.tell([user], CloseConn(conn, code, reason))
 
-    async def _release_many(self, pairs: list[tuple[str, str]]) -> list[None]:
-        await self.store.release_many(pairs)
-        return [None] * len(pairs)
+    async def _write_many(self, ops: list[DeviceClaim | tuple[str, str]]) -> list[list[str]]:
+        """Claims (what each replaced), then releases ([]): one round trip each."""
+        claims = [op for op in ops if isinstance(op, DeviceClaim)]
+        releases = [op for op in ops if not isinstance(op, DeviceClaim)]
+        replaced = iter(await self.store.claim_many(claims) if claims else [])
+        if releases:
+            await self.store.release_many(releases)
+        return [next(replaced) if isinstance(op, DeviceClaim) else [] for op in ops]
 
     async def devices(self, user: str) -> list[dict[str, Any]]:
         """The user's connected devices, on live nodes, oldest first."""
@@ -138,5 +143,4 @@ class Devices:
     async def close_all(self) -> None:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
-        await self._claims.close()
-        await self._releases.close()
+        await self._writes.close()

@@ -163,3 +163,33 @@ async def test_device_and_platform_claims_of_the_token_win_over_the_handshake(no
         await Device.open(node.ws_port, bad)
     assert refused.value.response.status_code == 401
     assert b"token claim: device must be" in refused.value.response.body
+
+
+async def test_connections_closed_as_soon_as_opened_leave_no_device_behind(node, redis_client):
+    """A storm of connections each closed right after its handshake: every
+    release is written after its claim (one queue for both), so the device
+    hashes end empty; a release written first would leave the claim's entry
+    behind, listed as a device of a live node."""
+    from store.keys import Keys
+
+    from tests.conftest import RUN_NS
+
+    users = [uid("blip") for _ in range(40)]
+
+    async def blip(user: str, i: int) -> None:
+        for k in range(3):
+            d = await dev(node, user, f"d{i}-{k}", "web")
+            await d.close()
+
+    await asyncio.gather(*(blip(u, i) for i, u in enumerate(users)))
+    keys = Keys(RUN_NS)
+
+    async def left() -> int:
+        return sum([await redis_client.hlen(keys.devices(u)) for u in users])
+
+    assert await until(lambda: _zero(left), timeout=15), "device entries left behind"
+    assert await listed(node, users[0]) == []
+
+
+async def _zero(count) -> bool:
+    return await count() == 0
