@@ -171,7 +171,6 @@ async def test_connections_closed_as_soon_as_opened_leave_no_device_behind(node,
     hashes end empty; a release written first would leave the claim's entry
     behind, listed as a device of a live node."""
     from store.keys import Keys
-
     from tests.conftest import RUN_NS
 
     users = [uid("blip") for _ in range(40)]
