@@ -26,8 +26,9 @@ decides them. ``EventQueue`` turns that callback into an async iterator.
   the messages it delivered, so one never comes before its message; each edit
   and recall of a delivered message is told once, and a sync bringing one
   again changed since (the push missed) makes the push it would have been.
-- ``SyncFailed``: the sync after a connect failed (tried again at the next
-  connect, when the dedup window fills, or by ``sync()``).
+- ``SyncFailed``: the sync after a connect failed its tries (tried again in
+  the background while that connection lasts, 1 s doubling to 30 s; at the
+  next connect; when the dedup window fills; or by ``sync()``).
 """
 
 from __future__ import annotations

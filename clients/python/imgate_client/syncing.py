@@ -20,6 +20,8 @@ from imgate_client.http import HttpError
 __all__ = ["Syncing"]
 
 SYNC_TRIES = 3
+RESYNC_FIRST_S = 1.0  # after those tries: again in the background, doubling to
+RESYNC_MAX_S = 30.0  # this, while the connection lasts
 
 
 class Syncing:
@@ -29,6 +31,7 @@ class Syncing:
     sync_limit: int
     stopped: Stopped | None
     _sync_lock: asyncio.Lock
+    _gen: int  # the connection's number: a new connection, a new number
 
     @property
     def user(self) -> str | None:
@@ -42,6 +45,9 @@ class Syncing:
         raise NotImplementedError
 
     def _emit(self, event: Event) -> None:
+        raise NotImplementedError
+
+    def _spawn(self, coro: Any) -> None:
         raise NotImplementedError
 
     async def sync(self) -> int:
@@ -85,10 +91,27 @@ class Syncing:
                 if attempt == SYNC_TRIES - 1 or self.stopped is not None:
                     self._release_held()
                     self._emit(SyncFailed(repr(exc)))
+                    if self.stopped is None:  # not left behind while connected
+                        self._spawn(self._resync(self._gen))
                     return 0
                 self.inbox.begin_sync()
                 await asyncio.sleep(0.5 * 2 ** attempt)
         return 0
+
+    async def _resync(self, gen: int) -> None:
+        """The sync after connect ``gen`` failed every try (a dependency of the
+        node down longer than they last): tried again, 1 s doubling to 30 s,
+        until it succeeds or that connection is gone (the next connect syncs)."""
+        delay = RESYNC_FIRST_S
+        while True:
+            await asyncio.sleep(delay)
+            if self.stopped is not None or self._gen != gen:
+                return
+            try:
+                await self._sync_pages()
+                return
+            except (HttpError, OSError, TimeoutError, ValueError):
+                delay = min(RESYNC_MAX_S, delay * 2)
 
     def _release_held(self) -> None:
         for f in self.inbox.end_sync():

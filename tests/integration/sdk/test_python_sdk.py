@@ -427,3 +427,37 @@ async def test_a_replaced_client_stops_and_says_so(make_node, sdk):
     assert stopped.code == 4005 and "replaced" in stopped.reason
     assert second.connected and not first.connected
     assert (await second.send(uid("x"), "still here")).frame["op"] == "ack"
+
+
+async def test_a_sync_that_failed_after_connect_is_tried_again_while_connected(make_node, sdk):
+    """The node's HTTP side cannot be reached when the client connects (a
+    dependency down longer than the sync's tries last): ``SyncFailed``; once
+    it can, the background sync brings what came while the user was away,
+    on the same connection."""
+    from imgate_client import SyncFailed
+
+    from testkit.proxy import TcpProxy
+
+    n = await make_node()
+    proxy = await TcpProxy(n.http_port).start()
+    try:
+        proxy.cut()
+        a, b = uid("a"), uid("b")
+        ca = sdk(a, n)
+        await ca.connect()
+        for i in range(3):  # b is offline: only a sync brings these
+            await ca.send(b, f"m{i}")
+        q = EventQueue()
+        cb = Client([ws(n)], http_urls=[f"http://127.0.0.1:{proxy.port}"], token=token(b),
+                    on_event=q)
+        try:
+            await cb.connect()
+            await q.next(SyncFailed, timeout=30)
+            proxy.restore()
+            got = [await q.next(Message, timeout=30) for _ in range(3)]
+            assert [(m.body, m.via) for m in got] == [(f"m{i}", "sync") for i in range(3)]
+            assert cb.connects == 1  # no reconnect was needed
+        finally:
+            await cb.close()
+    finally:
+        await proxy.close()
