@@ -208,18 +208,25 @@ export class ImClient extends Emitter {
       this._online();
       return;
     }
-    this.sync().then(
-      () => gen === this._gen && this._isOpen && this._online(),
-      (err) => {
-        if (gen !== this._gen || this._stopped) return;
-        if (err.status === 403) return this._stop(err); // banned
-        this._detach(true);
-        this.emit("closed", { code: CLIENT_CLOSE, reason: "sync failed" });
-        if (err.status === 401) return this._authRefused(err);
-        this.emit("error", err);
-        this._retry(true);
-      },
-    );
+    // The node reads a connection's frames only once the device is registered
+    // (its route written, its groups loaded): a message acked after the pong is
+    // pushed here, one acked before is in the sync. Syncing earlier could miss
+    // one acked in between.
+    this._call({ op: "ping" })
+      .catch(() => undefined) // (lost: the next connection syncs; else the sync says)
+      .then(() => (gen === this._gen ? this.sync() : undefined))
+      .then(
+        () => gen === this._gen && this._isOpen && this._online(),
+        (err) => {
+          if (gen !== this._gen || this._stopped) return;
+          if (err.status === 403) return this._stop(err); // banned
+          this._detach(true);
+          this.emit("closed", { code: CLIENT_CLOSE, reason: "sync failed" });
+          if (err.status === 401) return this._authRefused(err);
+          this.emit("error", err);
+          this._retry(true);
+        },
+      );
   }
 
   _online() {

@@ -309,6 +309,12 @@ class Client(Rooming, Ops, Syncing, Sending):
         self._ready.set()
         self._wake.set()  # the ticker writes the sends in flight
         try:
+            if syncing:
+                # The node reads a connection's frames only once the device is
+                # registered (its route written, its groups loaded): a message
+                # acked after this answer is pushed to it, one acked before is
+                # in the sync. Syncing earlier could miss one acked in between.
+                await conn.request("ping", self.request_timeout)
             watched = sorted(self.presence)
             for i in range(0, len(watched), 500):
                 r = await conn.request("presence_sub", self.request_timeout,

@@ -461,3 +461,39 @@ async def test_a_sync_that_failed_after_connect_is_tried_again_while_connected(m
             await cb.close()
     finally:
         await proxy.close()
+
+
+async def test_the_sync_after_connect_starts_once_the_device_is_registered(
+        make_node, redis_client, proxy):
+    """The SDK syncs after the node answered a frame on the new connection, and
+    the node reads frames only once the device is registered: a message acked
+    before the route exists is in the sync, one after is pushed. With the
+    node's Redis link slowed (the route write takes a while), the route is
+    already there when the sync is asked for."""
+    from urllib.parse import urlsplit
+
+    from tests.conftest import base_settings
+
+    s = base_settings()
+    if s.redis_cluster:
+        pytest.skip("a proxy in front of one Redis (a Redis Cluster's nodes redirect)")
+    url = urlsplit(s.redis_url)
+    slow = await proxy(url.port or 6379)
+    slow.slow(0.15)
+    n = await make_node(redis_url=f"redis://127.0.0.1:{slow.port}/{url.path[1:] or 0}")
+    b = uid("b")
+    cb = Client([ws(n)], http_urls=[http(n)], token=token(b))
+    routes_at_sync: list[int] = []
+    real = cb.http
+
+    async def http_spy(method: str, path: str, **kw: Any) -> Any:
+        if path == "/v1/sync" and not routes_at_sync:
+            routes_at_sync.append(await redis_client.hlen(Keys(RUN_NS).routes(b)))
+        return await real(method, path, **kw)
+
+    cb.http = http_spy  # type: ignore[method-assign]
+    try:
+        await cb.connect(timeout=30)
+        assert routes_at_sync == [1]
+    finally:
+        await cb.close()
