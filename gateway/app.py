@@ -28,6 +28,7 @@ from gateway.auth import TokenVerifier
 from gateway.bindings import Bindings
 from gateway.chat.claims import Claims
 from gateway.chat.service import ChatLimits, ChatService
+from gateway.chat.unfinished import UnfinishedSends
 from gateway.config import Settings
 from gateway.contacts.service import Privacy, RelationLimits, Relations
 from gateway.delivery import Replay
@@ -76,6 +77,7 @@ from router.positions import RoomPositions
 from router.routing import group_key, parse_key, room_key
 from store import Stores
 from store.ports import ConvSettingStore, GroupCache, RouteStore
+from store.records import ChatMessage
 
 __all__ = ["App", "compose"]
 
@@ -113,6 +115,7 @@ class App:
     marks: dict[str, int] = field(default_factory=dict)  # the other nodes' oldest in flight
     hooks: Hooks | None = None  # the product's hooks (their HTTP client)
     devices: Devices | None = None  # the login policy (its claims and releases in flight)
+    unfinished: UnfinishedSends | None = None  # failed sends the node finishes itself
 
     async def start(self) -> None:
         """Connect to the broker (raises if it cannot), start background work."""
@@ -157,6 +160,8 @@ class App:
                 *((("device releases", self.devices.close_all),)
                   if self.devices is not None else ()),
                 ("claims", self.claims.close),
+                *((("unfinished sends", self.unfinished.close),)
+                  if self.unfinished is not None else ()),
                 ("chat", self.chat.close),
                 ("rooms", self.live.close), ("room positions", self.router.close_positions),
                 ("groups", self.groups.close),
@@ -223,6 +228,24 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     groups = GroupService(stores.groups, stores.group_cache, claims, mids, diffusion,
                           stores.offline, GroupLimits.from_settings(s), metrics, inflight,
                           stores.group_news)
+
+    def push_finished(msg: ChatMessage, frame: bytes, sender_routes: dict[str, str],
+                      receiver_routes: dict[str, str]) -> None:
+        router.push(msg.to, frame, receiver_routes)
+        router.push(msg.sender, frame, sender_routes)
+
+    async def finish(node_id: int, low: int, high: int) -> int:
+        """What this node stored from ``low`` to ``high`` redelivered, 1:1 then
+        group, each message found pushed: its send failed before any push (a
+        dead node's range, ``Node._redeliver``, is not pushed again: most of it was)."""
+        return (await chat.redeliver(node_id, low, high, push_finished)
+                + await groups.redeliver(node_id, low, high, router.publish_group))
+
+    unfinished = UnfinishedSends(
+        finish, inflight,
+        count=lambda outcome, n: metrics.unfinished_sends.labels(outcome).inc(n))
+    chat.unfinished = groups.unfinished = unfinished.add
+
     def refused(cap: str) -> None:
         metrics.limit_refusals.labels(cap).inc()
 
@@ -335,7 +358,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     app = App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
               conversations, live, feed, registry, replay, sessions, http, events, watch,
               watchers, stuck_close_s=s.stuck_close_s, inflight=inflight, marks=marks,
-              hooks=hooks, devices=devices)
+              hooks=hooks, devices=devices, unfinished=unfinished)
     router.when_resumed(lambda _lost_at: bindings.resumed(app.keys_in_use))  # checked again
     return app
 

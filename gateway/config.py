@@ -202,7 +202,7 @@ class Settings:
         'before sending what follows')
     room_write_at_once: int = setting(1000,
         'a room with up to this many members on a node is written at once')
-    room_write_chunk: int = setting(100,
+    room_write_chunk: int = setting(25,
         'a bigger room is written by a cursor, this many members per loop turn')
     room_rate_cap: float = setting(50.0,
         'room messages per second delivered to each member (above: sampled; `prio` 1 '

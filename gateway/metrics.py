@@ -49,6 +49,10 @@ class NodeMetrics:
                                 "session controls applied on this node, by kind", ["kind"],
                                 registry=r)
         self.sends = Counter("im_sends_total", "1:1 sends by outcome", ["outcome"], registry=r)
+        self.unfinished_sends = Counter(
+            "im_unfinished_sends_total", "Sends that failed after their message may have "
+            "been stored, finished by the node itself: finished (found, delivered), "
+            "not_stored, dropped (over the bound)", ["outcome"], registry=r)
         self.send_latency = Histogram(
             "im_send_ack_seconds", "Send received to ack written",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),

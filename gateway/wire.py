@@ -204,6 +204,12 @@ class Peer(Protocol):
     def user(self) -> str: ...
     @property
     def ws(self) -> ServerConnection: ...
+    @property
+    def proto(self) -> Any:  # ``ws.protocol``
+        ...
+    @property
+    def transport(self) -> Any:  # ``ws.transport``
+        ...
     stuck_since: float
 
 
@@ -225,10 +231,11 @@ class SocketWriter:
         self.closed = closed
         self.stuck: dict[int, Peer] = {}  # clients whose writes are being skipped
 
-    def write_each(self, clients: Iterable[Peer], wires: Sequence[bytes], limit: int,
+    def write_each(self, clients: Iterable[Peer | None], wires: Sequence[bytes], limit: int,
                    skip_conn: int | None = None, *, skipped: Count | None = None) -> int:
         """``wires`` to each client but ``skip_conn``, never awaiting; a client with
-        over ``limit`` bytes queued is skipped, counted and noted as stuck.
+        over ``limit`` bytes queued is skipped, counted and noted as stuck; ``None``
+        (a room member that left, in a big room's list) is passed over.
         Returns how many took them."""
         written = 0
         full: list[Peer] = []
@@ -236,12 +243,11 @@ class SocketWriter:
         # (one pass per member per frame); several frames go as one buffer, one write.
         data = wires[0] if len(wires) == 1 else b"".join(wires)
         for client in clients:
-            if client.id == skip_conn:
+            if client is None or (skip_conn is not None and client.id == skip_conn):
                 continue
-            ws = client.ws
-            if ws.protocol.state is not _OPEN:
+            if client.proto.state is not _OPEN:
                 continue
-            transport = ws.transport
+            transport = client.transport
             if transport.get_write_buffer_size() > limit:
                 full.append(client)
                 continue

@@ -13,6 +13,7 @@
 #   IM_STARTED_FILE  if set, a line per server this run started is appended to
 #                    it ("redis PORT", "rabbitmq", "mongo PID DATA"), for
 #   bash scripts/services.sh stop FILE   which stops those (and only those)
+#   bash scripts/services.sh mongo       only the Mongo-compatible server
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -167,6 +168,10 @@ stop_started() {
 if [[ "${1:-}" == stop ]]; then
     [[ -n "${2:-}" ]] || die "usage: services.sh stop FILE"
     stop_started "$2"
+    exit 0
+fi
+if [[ "${1:-}" == mongo ]]; then  # the Mongo-compatible server only (a test pass's own)
+    ensure_mongo
     exit 0
 fi
 ensure_redis

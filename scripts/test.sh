@@ -17,7 +17,8 @@
 #            starts itself).
 # The demo's browser test runs inside pytest (tests/integration/gateway/test_demo_browser.py).
 #
-# The passes run at the same time (they share nothing but the local servers:
+# The passes run at the same time (they share nothing but the local Redis and
+# RabbitMQ: each pytest pass has a SecantusDB of its own (with_own_mongo, below),
 # each pytest run has its own namespace, and every port a test uses is a free
 # one), each line of output prefixed with its pass's name; PARALLEL=0 runs them
 # one after the other, unprefixed. Every pass runs to its end whatever the
@@ -43,13 +44,44 @@ for pass in $PASSES; do
     esac
 done
 
+# with_own_mongo CMD...: CMD with a SecantusDB of the pass's own as IM_MONGO_URL
+# (scripts/services.sh on a free port, a fresh data dir; stopped and removed
+# after), unless the caller set IM_MONGO_URL. SecantusDB answers one command
+# at a time: shared by three passes on two cores, its queue grew past the
+# nodes' 2 s store timeout now and then, and a test failed on an
+# `unavailable` it was not about. A subshell: its EXIT trap stops the server.
+OWN_MONGO_DIR=""
+own_mongo() {
+    [[ -z "${IM_MONGO_URL:-}" ]] || return 0
+    local port
+    port="$(.venv/bin/python -c 'from testkit.servers import free_port; print(free_port())')" || return
+    OWN_MONGO_DIR="$(mktemp -d /tmp/imgate-test-mongo.XXXXXX)" || return
+    MONGO_PORT="$port" IM_MONGO_DATA="$OWN_MONGO_DIR/data" \
+        IM_STARTED_FILE="$OWN_MONGO_DIR/started" bash scripts/services.sh mongo || return
+    export IM_MONGO_URL="mongodb://127.0.0.1:$port"
+}
+
+stop_own_mongo() {
+    [[ -n "$OWN_MONGO_DIR" ]] || return 0
+    bash scripts/services.sh stop "$OWN_MONGO_DIR/started" >/dev/null
+    rm -rf "$OWN_MONGO_DIR"
+}
+
+with_own_mongo() (
+    trap stop_own_mongo EXIT
+    trap 'exit 130' INT TERM
+    own_mongo || exit
+    "$@"
+)
+
 # --durations: the slowest tests of each pass, so the next one to make faster is named.
 run_single() {
-    .venv/bin/python -m pytest -q --durations=10 --ignore=tests/integration/gateway "$@"
+    with_own_mongo .venv/bin/python -m pytest -q --durations=10 \
+        --ignore=tests/integration/gateway "$@"
 }
 
 run_gateway() {
-    .venv/bin/python -m pytest -q --durations=10 tests/integration/gateway "$@"
+    with_own_mongo .venv/bin/python -m pytest -q --durations=10 tests/integration/gateway "$@"
 }
 
 run_cluster() (  # a subshell: its own EXIT trap stops the cluster
@@ -60,8 +92,9 @@ run_cluster() (  # a subshell: its own EXIT trap stops the cluster
         'from testkit.clusters import free_redis_cluster_port_base as f; print(f())')" || exit
     dir="$(mktemp -d /tmp/imgate-test-redis-cluster.XXXXXX)" || exit
     export REDIS_CLUSTER_PORT_BASE="$base"
-    trap 'bash scripts/redis_cluster.sh stop "$dir" >/dev/null 2>&1 || true' EXIT
+    trap 'stop_own_mongo; bash scripts/redis_cluster.sh stop "$dir" >/dev/null 2>&1 || true' EXIT
     trap 'exit 130' INT TERM
+    own_mongo || exit
     out="$(bash scripts/redis_cluster.sh start "$dir")" || exit
     seeds="$(sed -n 's/^seeds: //p' <<<"$out")"
     # The script waits for the first master's cluster_state:ok; the others may

@@ -19,6 +19,9 @@ COUNT_FIELDS = {"r": "reposts", "c": "comments", "l": "likes"}
 # background flush writes changes to MongoDB within seconds, so what expires is
 # flushed; a post read again merges MongoDB's counts back in.
 COUNTS_TTL_S = 7 * 86_400
+# A like's +1 and -1 marks (``like_once.lua``) outlive any retry of the call
+# that made them; a like row says it is counted long before they expire.
+LIKE_MARK_TTL_S = 3_600
 
 
 class CountersRedis:
@@ -27,12 +30,29 @@ class CountersRedis:
         self.keys = keys
         self._count = Lua("counter.lua")
         self._merge = Lua("counter_merge.lua")
+        self._like = Lua("like_once.lua")
 
     async def bump(self, post: int, field: str, delta: int = 1) -> None:
         async with redis_guard():
             await self._count(self.redis, [self.keys.post_counts(post),
                                            self.keys.dirty_counts(post % COUNTER_SHARDS)],
                               [field, delta, post, COUNTS_TTL_S])
+
+    async def like_once(self, post: int, user: str, token: str, counted: bool) -> int:
+        return await self._like_move(post, user, token, 1, counted)
+
+    async def unlike_once(self, post: int, user: str, token: str, counted: bool) -> bool:
+        return await self._like_move(post, user, token, -1, counted) == 1
+
+    async def _like_move(self, post: int, user: str, token: str, delta: int,
+                         counted: bool) -> int:
+        k = self.keys
+        async with redis_guard():
+            return int(await self._like(
+                self.redis,
+                [k.post_counts(post), k.dirty_counts(post % COUNTER_SHARDS),
+                 k.like_mark(post, user, token, "+"), k.like_mark(post, user, token, "-")],
+                [delta, post, COUNTS_TTL_S, LIKE_MARK_TTL_S, int(counted)]))
 
     async def counts(self, docs: Sequence[dict[str, Any]]) -> dict[int, dict[str, int]]:
         """Counts of these posts (documents as read from MongoDB), one round trip;

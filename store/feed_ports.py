@@ -4,11 +4,23 @@ counters): one small Protocol each, as ``store.ports`` (which re-exports them)."
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["CounterStore", "Doc", "FeedCache", "FollowStore", "PostStore", "TimelineStore"]
+__all__ = ["CounterStore", "Doc", "FeedCache", "FollowStore", "LikeRow", "PostStore",
+           "TimelineStore"]
 
 Doc = dict[str, Any]  # a post or user-profile document of the feed, as stored
+
+
+@dataclass(frozen=True, slots=True)
+class LikeRow:
+    """A user's like of a post as stored: ``token`` names this like (the marks
+    of its count's +1 and -1 carry it); ``counted``: its +1 is known to be in
+    the counter. A row from before likes had tokens has ``""`` and counted."""
+
+    token: str
+    counted: bool
 
 
 class FollowStore(Protocol):
@@ -53,10 +65,20 @@ class PostStore(Protocol):
 
     async def flush_counts(self, counts: dict[int, dict[str, int]]) -> None: ...
 
-    async def like(self, post: int, user: str) -> bool: ...
+    async def like_row(self, post: int, user: str) -> LikeRow | None:
+        """The user's like of ``post``: inserted now (a new token, not counted
+        yet), or the one already there; None if it was removed each time it
+        was found (concurrent unlikes of the same user)."""
+        ...
 
-    # True if the like was there (and is gone now).
-    async def unlike(self, post: int, user: str) -> bool: ...
+    async def like_of(self, post: int, user: str) -> LikeRow | None: ...
+
+    async def like_counted(self, post: int, user: str, token: str) -> None:
+        """The like named ``token`` (if still there) has its +1 in the counter."""
+        ...
+
+    # True if the like named ``token`` was there (and is gone now).
+    async def drop_like(self, post: int, user: str, token: str) -> bool: ...
 
     async def pullers(self) -> dict[str, int]: ...
 
@@ -106,6 +128,18 @@ class CounterStore(Protocol):
     """Post counters (reposts, comments, likes) in Redis, flushed to MongoDB."""
 
     async def bump(self, post: int, field: str, delta: int = 1) -> None: ...
+
+    async def like_once(self, post: int, user: str, token: str, counted: bool) -> int:
+        """+1 to the likes of ``post`` for the like named ``token``, once however
+        often asked, and never for one ``counted`` already: 1 moved now, 0
+        moved before, -1 not moved because the like's -1 came first (it is
+        being undone)."""
+        ...
+
+    async def unlike_once(self, post: int, user: str, token: str, counted: bool) -> bool:
+        """-1 for the like named ``token``, once however often asked, and only if
+        its +1 was counted (``counted``, or its +1 is marked): whether it moved."""
+        ...
 
     async def counts(self, docs: Sequence[Doc]) -> dict[int, dict[str, int]]: ...
 

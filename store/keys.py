@@ -186,6 +186,11 @@ class Keys:
         marks it dirty in one slot."""
         return f"{self.ns}:pc:{{pc:{post % COUNTER_SHARDS}}}:{post}"
 
+    def like_mark(self, post: int, user: str, token: str, sign: str) -> str:
+        """String: that one like's +1 (``sign`` ``+``) or -1 (``-``) is in the
+        post's count (``like_once.lua``; the post's counter shard, its tag)."""
+        return f"{self.ns}:plm:{{pc:{post % COUNTER_SHARDS}}}:{post}|{user}|{token}{sign}"
+
     def dirty_counts(self, shard: int) -> str:
         """Set, one per counter shard (post id mod ``COUNTER_SHARDS``): post ids
         whose counters changed since the last flush."""

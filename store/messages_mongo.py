@@ -248,6 +248,21 @@ class MessagesMongo:
                 {"n": node, "_id": {"$gte": low, "$lte": high}}).sort("_id", ASCENDING)
                 .limit(limit)]
 
+    async def add_missing_boxes(self, msgs: Sequence[ChatMessage]) -> int:
+        """One read of the box ids, one insert of those missing (``MessageStore``)."""
+        if not msgs:
+            return 0
+        ids = [box_id(u, m.mid) for m in msgs for u in (m.sender, m.to)]
+        async with mongo_guard():
+            there = {d["_id"] async for d in self.boxes.find({"_id": {"$in": ids}},
+                                                             {"_id": 1})}
+        bare = [m for m in msgs
+                if box_id(m.sender, m.mid) not in there and box_id(m.to, m.mid) not in there]
+        docs = [d for m in bare for d in box_docs(m, m.mid)]
+        if docs:
+            await insert_idempotent(self.boxes, docs)
+        return len(bare)
+
     async def forget(self, owner: str, mid: int) -> str | None:
         """Remove ``mid`` from ``owner``'s box only; its conversation, or None if
         it was not there."""

@@ -89,3 +89,14 @@ class NodeDirectoryRedis:
             held = await self.redis.set(key, node, nx=True, get=True,
                                         px=max(1, int(ttl_s * 1000)))
         return held is None or held == node.encode()
+
+    async def release_dead(self, dead: str, node: str) -> None:
+        key = self.keys.dead_sends_claim(dead)
+        async with redis_guard():
+            if await self.redis.get(key) == node.encode():
+                await self.redis.delete(key)
+
+    async def forget_marks(self, nodes: Sequence[str]) -> None:
+        if nodes:
+            async with redis_guard():
+                await self.redis.zrem(self.keys.inflight(), *nodes)

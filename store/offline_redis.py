@@ -266,7 +266,13 @@ class OfflineRedis:
         meta = self.keys.inbox_meta(user)
         for _ in range(REBUILD_TRIES):
             async with redis_guard():
-                raw: bytes | None = await self.redis.hget(meta, "v")  # type: ignore[misc,assignment]
+                got: list[bytes | None] = await self.redis.hmget(  # type: ignore[misc,assignment]
+                    meta, ["v", "~"])
+            raw, complete = got
+            if complete is not None:
+                # Another rebuild got there first: one that ended after this call
+                # found the keys incomplete (and before it asked), or another node's.
+                return True
             args = await self._rebuilt_args(user)
             lim = self.limits
             async with redis_guard():

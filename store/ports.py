@@ -14,7 +14,14 @@ from typing import Protocol
 
 from core.errors import Unavailable
 from core.room_history import RoomLog
-from store.feed_ports import CounterStore, FeedCache, FollowStore, PostStore, TimelineStore
+from store.feed_ports import (
+    CounterStore,
+    FeedCache,
+    FollowStore,
+    LikeRow,
+    PostStore,
+    TimelineStore,
+)
 from store.group_ports import GroupCache, GroupNews, GroupStore
 from store.message_ports import ChangeLog, ConvSettingStore, ReactionStore
 from store.records import (
@@ -41,6 +48,7 @@ __all__ = [
     "GroupNews",
     "GroupStore",
     "LeaseKeeper",
+    "LikeRow",
     "MessageStore",
     "NodeDirectory",
     "NodeLease",
@@ -150,6 +158,13 @@ class MessageStore(Protocol):
 
     async def forget(self, owner: str, mid: int) -> str | None:
         """Remove from ``owner``'s box only; the entry's conversation, or None."""
+        ...
+
+    async def add_missing_boxes(self, msgs: Sequence[ChatMessage]) -> int:
+        """Both box entries of each stored message that has neither (its body
+        was written, its boxes not: the node died or the write failed between
+        the two); a message with one entry left (the other side deleted its
+        copy) is left as it is. Returns how many got theirs."""
         ...
 
     async def add_group_boxes(self, entries: Sequence[tuple[GroupMessage, Sequence[str]]]
@@ -329,6 +344,15 @@ class NodeDirectory(Protocol):
     async def claim_dead(self, dead: str, node: str, ttl_s: float) -> bool:
         """Whether ``node`` now holds the claim on redelivering ``dead``'s sends
         (taken, or already its own); the claim lapses after ``ttl_s``."""
+        ...
+
+    async def release_dead(self, dead: str, node: str) -> None:
+        """``node`` gives up its claim on ``dead`` (it stops before it is done):
+        another live node may take it at once, not when it lapses."""
+        ...
+
+    async def forget_marks(self, nodes: Sequence[str]) -> None:
+        """Drop these (dead, redelivered) nodes' in-flight marks now."""
         ...
 
 

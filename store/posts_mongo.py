@@ -7,6 +7,7 @@ the collection when a filter names a field its index lacks.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from pymongo import DESCENDING, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
+from store.feed_ports import LikeRow
 from store.mongo_client import mongo_guard
 
 __all__ = ["PostsMongo"]
@@ -107,19 +109,44 @@ class PostsMongo:
             await self.posts.bulk_write([UpdateOne({"_id": p}, {"$set": {"counts": c}})
                                          for p, c in counts.items()], ordered=False)
 
-    async def like(self, post: int, user: str) -> bool:
-        """True the first time ``user`` likes ``post``."""
+    # -- likes: {_id: "post|user", t: the like's token, c: its +1 is counted} ------
+    async def like_row(self, post: int, user: str) -> LikeRow | None:
+        key = f"{post}|{user}"
         async with mongo_guard():
-            try:
-                await self.likes.insert_one({"_id": f"{post}|{user}"})
-            except DuplicateKeyError:
-                return False
-        return True
+            for _ in range(3):  # found gone between the insert and the read: again
+                token = secrets.token_hex(8)
+                try:
+                    await self.likes.insert_one({"_id": key, "t": token, "c": False})
+                    return LikeRow(token, False)
+                except DuplicateKeyError:
+                    doc = await self.likes.find_one({"_id": key})
+                    if doc is not None:
+                        return _like_row(doc)
+        return None
 
-    async def unlike(self, post: int, user: str) -> bool:
-        """True if ``user``'s like of ``post`` was there and is gone now: of
-        concurrent unlikes (and likes) each transition is seen by one caller."""
+    async def like_of(self, post: int, user: str) -> LikeRow | None:
         async with mongo_guard():
-            gone = await self.likes.delete_one({"_id": f"{post}|{user}"})
+            doc = await self.likes.find_one({"_id": f"{post}|{user}"})
+        return None if doc is None else _like_row(doc)
+
+    async def like_counted(self, post: int, user: str, token: str) -> None:
+        async with mongo_guard():
+            await self.likes.update_one(_like_filter(post, user, token), {"$set": {"c": True}})
+
+    async def drop_like(self, post: int, user: str, token: str) -> bool:
+        async with mongo_guard():
+            gone = await self.likes.delete_one(_like_filter(post, user, token))
         return bool(gone.deleted_count)
+
+
+def _like_row(doc: Doc) -> LikeRow:
+    token = doc.get("t")
+    if token is None:  # stored before likes had tokens: it was counted when made
+        return LikeRow("", True)
+    return LikeRow(str(token), bool(doc.get("c")))
+
+
+def _like_filter(post: int, user: str, token: str) -> Doc:
+    """That row and no newer like of the same user (by ``_id``, the index)."""
+    return {"_id": f"{post}|{user}", "t": token or {"$exists": False}}
 

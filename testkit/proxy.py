@@ -4,8 +4,11 @@
 ``cut()`` closes every connection through the proxy at once (both sides see
 the connection reset) and refuses new ones (accepted and closed) until
 ``restore()``; ``slow(delay_s)`` holds every chunk that crosses, in either
-direction, for ``delay_s`` before passing it on (order kept). Connections and
-chunk sizes are bounded; only 127.0.0.1 is served and dialled.
+direction, for ``delay_s`` before passing it on (order kept); ``hold(match)``
+keeps every chunk bound for the server that contains ``match`` (every chunk if
+empty) until ``release()``, in ``held`` for a test to see (a connection's later
+chunks wait behind it). Connections and chunk sizes are bounded; only 127.0.0.1
+is served and dialled.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class TcpProxy:
         self.port = 0
         self.delay = 0.0
         self.is_cut = False
+        self.held: list[bytes] = []  # chunks to the server waiting for ``release``
+        self._gate: asyncio.Event | None = None
+        self._match = b""
         self.accepted = 0  # connections forwarded since start
         self.refused = 0  # connections closed at once (cut, or too many)
         self._links: set[_Link] = set()
@@ -66,6 +72,19 @@ class TcpProxy:
     def slow(self, delay_s: float) -> None:
         """Hold every chunk ``delay_s`` before passing it on, both ways."""
         self.delay = delay_s
+
+    def hold(self, match: bytes = b"") -> None:
+        """Keep what clients send to the server that contains ``match``."""
+        self._match = match
+        if self._gate is None:
+            self._gate = asyncio.Event()
+
+    def release(self) -> None:
+        """Pass on what was held, in order, and stop holding."""
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.set()
+        self.held = []
 
     def restore(self) -> None:
         """Accept and forward again, without delay."""
@@ -104,7 +123,7 @@ class TcpProxy:
         self.accepted += 1
         link = _Link(writer, up_writer)
         self._links.add(link)
-        link.tasks = [asyncio.create_task(self._pipe(reader, up_writer)),
+        link.tasks = [asyncio.create_task(self._pipe(reader, up_writer, upstream=True)),
                       asyncio.create_task(self._pipe(up_reader, writer))]
         try:
             await asyncio.gather(*link.tasks, return_exceptions=True)
@@ -112,9 +131,13 @@ class TcpProxy:
             link.abort()
             self._links.discard(link)
 
-    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, *,
+                    upstream: bool = False) -> None:
         try:
             while data := await src.read(CHUNK):
+                if upstream and (gate := self._gate) is not None and self._match in data:
+                    self.held.append(data)
+                    await gate.wait()
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 if self.is_cut:

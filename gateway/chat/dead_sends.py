@@ -4,8 +4,9 @@ marking the send acked). Sync trusts those stores for recent mids, so until
 someone puts such a message there, any sync cursor passing it passes it for
 good.
 
-Each node shares the oldest mid it has in flight (``core.inflight``); every
-node holds its sync cursors below the others' marks. When a node is seen
+Each node shares the oldest mid it has in flight (``core.inflight``), or the
+mid of the moment it shares when none is (a send begun before its next share
+takes a later one); every node holds its sync cursors below the others' marks. When a node is seen
 dead, one live node at a time (the holder of a short claim in Redis)
 redelivers what the dead one stored from its mark on (``ChatService.redeliver``:
 idempotent) and then forgets the mark; every live node holds its cursors below
@@ -42,10 +43,18 @@ def node_number(name: str) -> int | None:
 class DeadSends:
     def __init__(self, redeliver: Callable[[int, int, int], Awaitable[int]],
                  claim: Callable[[str], Awaitable[bool]],
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 release: Callable[[str], Awaitable[None]] | None = None,
+                 forget: Callable[[list[str]], Awaitable[None]] | None = None) -> None:
         self.redeliver = redeliver  # (node id, lowest mid, highest mid) -> how many
         self.claim = claim  # dead node's name -> whether this node is the one to redeliver
         self.clock_ms = clock_ms
+        # A claim given up when this node stops before it is done (another live
+        # node takes it at once, not when it lapses: meanwhile every node holds
+        # its cursors below the mark), and a mark dropped as soon as it is done
+        # (not at the next share, which a node closing now would never make).
+        self.release = release
+        self.forget = forget
         self._running: dict[str, asyncio.Task[None]] = {}
         self._done: set[str] = set()
 
@@ -80,16 +89,23 @@ class DeadSends:
                         log.warning("redelivering what %s stored: %s; trying again", name, exc)
                         await asyncio.sleep(delay)
                         delay = min(delay * 2, RETRY_MAX_S)
-                log.info("node %s died with sends in flight from mid %d: %d message(s) "
-                         "redelivered", name, mark, n)
+                log.info("node %s died; what it stored from its mark (mid %d) on: "
+                         "%d message(s) redelivered", name, mark, n)
             self._done.add(name)
+            if self.forget is not None:
+                with contextlib.suppress(Unavailable):  # else at the next share
+                    await self.forget([name])
         finally:
             self._running.pop(name, None)
 
     async def close(self) -> None:
-        tasks = list(self._running.values())
-        for t in tasks:
+        running = dict(self._running)
+        for t in running.values():
             t.cancel()
-        for t in tasks:
+        for t in running.values():
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        if self.release is not None:
+            for name in running:
+                with contextlib.suppress(Unavailable):
+                    await self.release(name)

@@ -39,7 +39,7 @@ from gateway.metrics import NodeMetrics
 from store.ports import MessageStore, OfflineStore, RouteStore
 from store.records import ChatMessage, ConversationRow, Delivery, Erasure
 
-__all__ = ["REPUSH_WINDOW_S", "ChatService", "IdSource", "SendResult"]
+__all__ = ["REPUSH_WINDOW_S", "ChatService", "IdSource", "Pushed", "SendResult"]
 
 log = logging.getLogger("gateway.chat.service")
 
@@ -70,6 +70,8 @@ class SendResult:
 # A send's body as the product's hook has it (gateway.hooks): the same, another,
 # or ProtocolError (rejected) / Unavailable (the hook failed).
 Vet = Callable[[bytes], Awaitable[bytes]]
+# A redelivered message, its frame, the sender's and the receiver's routes.
+Pushed = Callable[[ChatMessage, bytes, dict[str, str], dict[str, str]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,9 @@ class ChatService:
                  metrics: NodeMetrics, inflight: InFlight | None = None) -> None:
         self.claims = claims
         self.inflight = inflight if inflight is not None else InFlight()
+        # Told the mids of a send that failed after its message may have been
+        # stored (``UnfinishedSends.add``).
+        self.unfinished: Callable[[list[int]], None] | None = None
         self.messages = messages
         self.offline = offline
         self.routes = routes
@@ -170,23 +175,34 @@ class ChatService:
         except BaseException:
             for m in inflight:
                 self.inflight.failed(m, time.monotonic())
+            if self.unfinished is not None:  # maybe stored: finished by the node
+                self.unfinished(inflight)
             raise
         for m in inflight:
             self.inflight.done(m)
         self.metrics.sends.labels("stored").inc()
         return SendResult(mid, mid_time_ms(mid), frame, *routes)
 
-    async def redeliver(self, node_id: int, low: int, high: int) -> int:
+    async def redeliver(self, node_id: int, low: int, high: int,
+                        push: Pushed | None = None) -> int:
         """Put the 1:1 messages node ``node_id`` stored with ``low <= mid <=
-        high`` in both users' offline stores and mark their sends acked (a node
+        high`` in both users' boxes (where neither side has it: only its body
+        was written) and offline stores and mark their sends acked (a node
         that died may have stored them without either: sync would pass them by).
-        Idempotent (``deliver.lua`` counts nothing twice); returns how many."""
+        Idempotent (``deliver.lua`` counts nothing twice); returns how many.
+        ``push``: told each message, its frame and both users' routes, once
+        it is in the offline stores."""
         done = 0
         while low <= high:
             msgs = await self.messages.between(node_id, low, high, REDELIVER_PAGE)
-            ours = [m for m in msgs if not m.recalled]
+            ours = [_Outgoing(m, encode(msg_frame(m))) for m in msgs if not m.recalled]
             if ours:
-                await self._flush_deliveries([_Outgoing(m, encode(msg_frame(m))) for m in ours])
+                # The body may be all that was written (the boxes are a second write).
+                await self.messages.add_missing_boxes([it.msg for it in ours])
+                routes = await self._flush_deliveries(ours)
+                if push is not None:
+                    for it, (sender_routes, receiver_routes) in zip(ours, routes, strict=True):
+                        push(it.msg, it.frame, sender_routes, receiver_routes)
                 done += len(ours)
             if len(msgs) < REDELIVER_PAGE:
                 break

@@ -225,18 +225,41 @@ class FeedService:
         await self.posts.delete_post(post)
 
     async def like(self, user: str, post: int) -> None:
+        """The count moves once per like however often the call is retried: a
+        retry after ``unavailable`` may find its first try's row written (the
+        reply lost, or the counter's move failed after it), and then finishes
+        that like's +1 instead of skipping it. Each like row has a token and
+        the counter marks the token's +1 and -1 (``CounterStore.like_once``)."""
         await self._live(post)
-        if await self.posts.like(post, user):
-            await self._bump(post, "l")
+        for _ in range(3):
+            row = await self.posts.like_row(post, user)
+            if row is None:
+                return
+            moved = await self.counters.like_once(post, user, row.token, row.counted)
+            if moved < 0:  # this row's unlike came first: finish it, then like anew
+                await self.posts.drop_like(post, user, row.token)
+                continue
+            if not row.counted:
+                await self.posts.like_counted(post, user, row.token)
+            if moved:
+                self._work.set()
+            return
+        # Undone each time by an unlike of the same user running at the same
+        # time: as if this like came first and one of those unlikes after it.
 
     async def unlike(self, user: str, post: int) -> None:
-        """The count moves only for the caller whose delete removed the like:
-        like and unlike each move it by one per transition of the ``likes``
-        row, so concurrent calls of one user end at 1 if the row is there,
-        else 0."""
+        """The count drops once per like, and only for one it counted: the -1 is
+        marked before the row goes, so a retry (or a concurrent unlike) that
+        finds the row still there moves nothing again; a concurrent like of
+        the same row sees the -1 and makes a new one. Concurrent calls of one
+        user end at 1 if a row is there, else 0."""
         await self._live(post)
-        if await self.posts.unlike(post, user):
-            await self._bump(post, "l", -1)
+        row = await self.posts.like_of(post, user)
+        if row is None:
+            return
+        if await self.counters.unlike_once(post, user, row.token, row.counted):
+            self._work.set()
+        await self.posts.drop_like(post, user, row.token)
 
     async def post(self, post: int) -> dict[str, Any]:
         """One live post in the timeline's shape (a repost carries ``original``)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +127,7 @@ class GroupService:
         self.news = news  # each user's groups with news (None: a sync reads them all)
         self.news_sync = limits.news_sync  # IM_GROUP_NEWS_SYNC: syncs read from it
         self.inflight = inflight if inflight is not None else InFlight()
+        self.unfinished: Callable[[list[int]], None] | None = None  # as ChatService's
         self.cache = cache
         self.claims = claims
         self.mids = mids
@@ -171,17 +172,21 @@ class GroupService:
             done = await self._writes.submit(_Pending(group, sender, cmid, body, mid, reply_to))
         except BaseException:
             self.inflight.failed(mid, time.monotonic())
+            if self.unfinished is not None:  # maybe stored: finished by the node
+                self.unfinished([mid])
             raise
         self.inflight.done(mid)
         m = done.msg  # for a resend MongoDB already had: its original mid
         return GroupSendResult(m.mid, m.seq, mid_time_ms(m.mid), done.frame, m.wd)
 
-    async def redeliver(self, node_id: int, low: int, high: int) -> int:
+    async def redeliver(self, node_id: int, low: int, high: int,
+                        push: Callable[[str, bytes], None] | None = None) -> int:
         """Record the group messages node ``node_id`` stored with ``low <= mid <=
         high``: the group's state, write-diffused members' boxes and offline
         entries, the senders' sends acked (as ``ChatService.redeliver`` for 1:1:
         a node that died between storing a message and recording it leaves it
-        where sync cursors pass it by). Idempotent; returns how many."""
+        where sync cursors pass it by). Idempotent; returns how many. ``push``:
+        told each group and frame once recorded."""
         done = 0
         while low <= high:
             msgs = await self.store.between(low, high, REDELIVER_PAGE)
@@ -190,6 +195,9 @@ class GroupService:
             if ours:
                 await self.diffusion.diffuse([(s.msg, s.frame) for s in ours if s.msg.wd])
                 await self._record(ours)
+                if push is not None:
+                    for st in ours:
+                        push(st.msg.group, st.frame)
                 done += len(ours)
             if len(msgs) < REDELIVER_PAGE:
                 break

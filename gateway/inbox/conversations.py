@@ -92,7 +92,15 @@ class Conversations:
     async def sync(self, user: str, since: int, limit: int, *, changes: bool = False
                    ) -> SyncPage:
         """Messages after ``since``, oldest first: the user's own store (1:1 and
-        write-diffused groups) merged with its read-diffused groups."""
+        write-diffused groups) merged with its read-diffused groups.
+
+        The cursor's horizon is taken before anything is read: a send in flight
+        now may be stored, and no longer in flight, by the time slow reads end,
+        after they went by its mid; a horizon taken then would pass it by."""
+        horizon = mid_for_time_ms(int(time.time() * 1000) - self.sync_settle_ms)
+        low = self.low_mark()
+        if low is not None:
+            horizon = min(horizon, low - 1)
         rows = await self.chat.sync_rows(user, since, limit + 1)
         extra, cut, groups = await self.groups.sync_rd(user, since, limit)
         self.charge(user, groups)
@@ -112,10 +120,6 @@ class Conversations:
         msgs = await self._with_reactions(msgs, mids)
         mids = positions
         more = more or cut is not None
-        horizon = mid_for_time_ms(int(time.time() * 1000) - self.sync_settle_ms)
-        low = self.low_mark()
-        if low is not None:
-            horizon = min(horizon, low - 1)
         return SyncPage(msgs, next_cursor(since, mids, more, horizon) if log_read else since,
                         more)
 

@@ -63,7 +63,7 @@ class RoomLimits:
     pending_max: int = 10_000  # messages queued per room per window; more are dropped
     reorder_s: float = 0.05  # a gap in a room's positions is waited for this long
     write_at_once: int = 1000  # rooms up to this many local members are written at once
-    write_chunk: int = 100  # members of a bigger room written per loop turn
+    write_chunk: int = 25  # members of a bigger room written per loop turn
     recover_s: float = 2.0  # a room waits this long for its history after a gap
     history_ttl_s: float = 300.0  # kept messages older than this are gone (IM_ROOM_HISTORY_TTL_S)
 
@@ -106,6 +106,7 @@ class RoomHub:
         self._recovering: dict[str, tuple[float, bool]] = {}
         self._on_gap: list[Callable[[str, str, int], None]] = []
         self._writing = False  # ``_write_some`` is scheduled
+        self._counted = [0, 0]  # writes and deliveries of passes under way, not counted yet
         self._rng = rng or random.Random()
         m = metrics
         self._m_in = m.room_msgs_in
@@ -132,10 +133,9 @@ class RoomHub:
         if client.rooms is None or room not in client.rooms:
             users = self._users.setdefault(room, {})
             users[client.user] = users.get(client.user, 0) + 1
+            if (ring := self._rings.get(room)) is not None:
+                ring.joined(client)
         first = self.members.add(room, client)
-        ring = self._rings.get(room)
-        if ring is not None:
-            ring.joined(client.id)
         self._gauges()
         return first
 
@@ -198,6 +198,7 @@ class RoomHub:
         self._next.pop(room, None)
         self._rings.pop(room, None)
         self._recovering.pop(room, None)
+        self._count()
 
     def _gauges(self) -> None:
         self.metrics.rooms.set(len(self.members))
@@ -342,21 +343,29 @@ class RoomHub:
 
     def _step(self, room: str) -> None:
         ring = self._rings[room]
-        writes, delivered, done = ring.step(self.limits.write_chunk, self._write_group)
-        self._m_writes.inc(writes)
-        self._m_delivered.inc(delivered)
+        writes, delivered, done = ring.step(self.limits.write_chunk, self._write_run)
+        self._counted[0] += writes  # counted at the pass's end: a chunk is a few dozen writes
+        self._counted[1] += delivered
         if done:
+            self._count()
             for took in ring.end_pass(time.monotonic()):
                 self._m_write.observe(took)
-            members = self.members.get(room)
-            if not members or not ring.new_pass(list(members.values())):
+            if room not in self.members or not ring.new_pass():
                 del self._rings[room]
                 return
         if not self._writing:
             self._writing = True
             asyncio.get_running_loop().call_soon(self._write_some)
 
-    def _write_group(self, clients: Sequence[Client], wires: list[bytes], frags: int) -> int:
+    def _count(self) -> None:
+        writes, delivered = self._counted
+        if writes or delivered:
+            self._m_writes.inc(writes)
+            self._m_delivered.inc(delivered)
+            self._counted = [0, 0]
+
+    def _write_run(self, clients: Sequence[Client | None], wires: list[bytes],
+                   frags: int) -> int:
         return self.hub.writer.write_each(clients, wires, self.limits.buffer_max,
                                           skipped=self._m_skipped)
 

@@ -438,7 +438,7 @@ class Sessions:
         except (Unavailable, TimeoutError) as exc:
             log.warning("unavailable for %s: %s", client.user, exc)
             self._error(client, ProtocolError(
-                "unavailable", "a dependency is down; nothing was stored, retry", rid))
+                "unavailable", "a dependency is down; not acked, retry", rid))
         except Exception:
             log.exception("internal error")
             self._error(client, ProtocolError("internal", "internal error", rid))

@@ -60,18 +60,29 @@ class Faulty:
 
     def __init__(self) -> None:
         self.down: set[str] = set()
+        self.lost: set[str] = set()  # done, then failed: the answer lost on its way
         self.calls: Counter[str] = Counter()  # calls of each method, failed ones too
 
     def fail(self, *methods: str) -> None:
         self.down.update(methods)
 
+    def lose(self, *methods: str) -> None:
+        """These methods do their work, then raise ``Unavailable`` (where a
+        fake supports it: it calls ``_answer``)."""
+        self.lost.update(methods)
+
     def heal(self) -> None:
         self.down.clear()
+        self.lost.clear()
 
     def _up(self, method: str) -> None:
         self.calls[method] += 1
         if method in self.down:
             raise Unavailable(self.dependency, f"{method} (told to fail)")
+
+    def _answer(self, method: str) -> None:
+        if method in self.lost:
+            raise Unavailable(self.dependency, f"{method} (done, its answer lost)")
 
 
 class FakeDedup(Faulty):
@@ -376,6 +387,15 @@ class FakeMessages(Faulty):
         return [m for mid, m in sorted(self.bodies.items())
                 if low <= mid <= high and node_of(mid) == node
                 and isinstance(m, ChatMessage)][:limit]
+
+    async def add_missing_boxes(self, msgs: Sequence[ChatMessage]) -> int:
+        self._up("add_missing_boxes")
+        bare = [m for m in msgs if m.mid not in self.boxes.get(m.sender, {})
+                and m.mid not in self.boxes.get(m.to, {})]
+        for m in bare:
+            self._box(m.sender, m.mid, m.to)
+            self._box(m.to, m.mid, m.sender)
+        return len(bare)
 
     async def forget(self, owner: str, mid: int) -> str | None:
         """Out of ``owner``'s box only (the body stays for the other side)."""

@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from store.feed_ports import LikeRow
 from tests.core.fakes import Faulty
 
 __all__ = ["FakeCounters", "FakeFeedCache", "FakeFollows", "FakePosts", "FakePusher",
@@ -66,7 +68,8 @@ class FakePosts(Faulty):
     def __init__(self) -> None:
         super().__init__()
         self.docs: dict[int, Doc] = {}
-        self.likes: set[tuple[int, str]] = set()
+        self.likes: dict[tuple[int, str], LikeRow] = {}
+        self._tokens = itertools.count(1)
         self.queries: list[tuple[str, tuple[str, ...]]] = []
 
     async def insert_post(self, doc: Doc) -> None:
@@ -122,16 +125,30 @@ class FakePosts(Faulty):
         for post, c in counts.items():
             self.docs[post]["counts"] = dict(c)
 
-    async def like(self, post: int, user: str) -> bool:
-        self._up("like")
-        new = (post, user) not in self.likes
-        self.likes.add((post, user))
-        return new
+    async def like_row(self, post: int, user: str) -> LikeRow:
+        self._up("like_row")
+        row = self.likes.setdefault((post, user), LikeRow(f"t{next(self._tokens)}", False))
+        self._answer("like_row")
+        return row
 
-    async def unlike(self, post: int, user: str) -> bool:
-        self._up("unlike")
-        gone = (post, user) in self.likes
-        self.likes.discard((post, user))
+    async def like_of(self, post: int, user: str) -> LikeRow | None:
+        self._up("like_of")
+        return self.likes.get((post, user))
+
+    async def like_counted(self, post: int, user: str, token: str) -> None:
+        self._up("like_counted")
+        row = self.likes.get((post, user))
+        if row is not None and row.token == token:
+            self.likes[(post, user)] = LikeRow(token, True)
+        self._answer("like_counted")
+
+    async def drop_like(self, post: int, user: str, token: str) -> bool:
+        self._up("drop_like")
+        row = self.likes.get((post, user))
+        gone = row is not None and row.token == token
+        if gone:
+            del self.likes[(post, user)]
+        self._answer("drop_like")
         return gone
 
     async def pullers(self) -> dict[str, int]:
@@ -261,12 +278,41 @@ class FakeCounters(Faulty):
         super().__init__()
         self.values: dict[int, dict[str, int]] = {}
         self.dirty_ids: set[int] = set()
+        self.marks: set[tuple[int, str, str, str]] = set()  # a like's +1 / -1 moved
 
     async def bump(self, post: int, field: str, delta: int = 1) -> None:
         self._up("bump")
         v = self.values.setdefault(post, dict.fromkeys(COUNT_FIELDS, 0))
         v[field] += delta
         self.dirty_ids.add(post)
+
+    async def like_once(self, post: int, user: str, token: str, counted: bool) -> int:
+        self._up("like_once")
+        if (post, user, token, "-") in self.marks:
+            return -1
+        moved = 0 if counted else self._mark(post, user, token, "+", 1)
+        self._answer("like_once")
+        return moved
+
+    async def unlike_once(self, post: int, user: str, token: str, counted: bool) -> bool:
+        self._up("unlike_once")
+        if (post, user, token, "-") in self.marks:
+            return False
+        if not counted and (post, user, token, "+") not in self.marks:
+            self.marks.add((post, user, token, "-"))
+            return False
+        moved = self._mark(post, user, token, "-", -1) == 1
+        self._answer("unlike_once")
+        return moved
+
+    def _mark(self, post: int, user: str, token: str, sign: str, delta: int) -> int:
+        if (post, user, token, sign) in self.marks:
+            return 0
+        self.marks.add((post, user, token, sign))
+        v = self.values.setdefault(post, dict.fromkeys(COUNT_FIELDS, 0))
+        v["l"] += delta
+        self.dirty_ids.add(post)
+        return 1
 
     def _named(self, doc: Doc) -> dict[str, int]:
         v = self.values.get(doc["_id"])

@@ -154,6 +154,38 @@ async def test_sync_cursors_stay_below_a_send_that_may_still_land(world: World) 
     assert page.next == third
 
 
+async def test_a_send_stored_while_a_sync_reads_is_not_passed_by_its_cursor(
+        world: World) -> None:
+    """A send in flight when a sync starts, stored (and so no longer in flight)
+    while the sync's reads are under way, after they went by its mid: the
+    page's cursor stays below it, so the next sync returns it. (With the
+    horizon taken after the reads, the low mark no longer held it: seen in the
+    fault schedule, a sync slowed by the store passing a group message by.)"""
+    chat = world.chat
+    held = chat.mids.next()  # a send under way, its mid taken first...
+    chat.inflight.add(held)
+    later = (await chat.send("alice", "bob", "d2", "d2")).mid  # ...one after it, stored
+    assert held < later
+    conversations = Conversations(chat, world.groups, 0, lambda: chat.inflight.oldest(
+        time.monotonic()))
+    read = chat.sync_rows
+
+    async def slow_read(user: str, since: int, count: int) -> list[tuple[int, Any]]:
+        rows = await read(user, since, count)  # read before the held send lands...
+        late = ChatMessage(held, "erin", "bob", "d1", "d1")
+        await world.stores.messages.store_batch([late])  # ...which it does now
+        chat.inflight.done(held)
+        return rows
+
+    chat.sync_rows = slow_read  # type: ignore[method-assign]
+    page = await conversations.sync("bob", 0, 10)
+    assert [plain(m)["body"] for m in page.msgs] == ["d2"]
+    assert page.next < held, "the cursor passed a send that was in flight when the sync began"
+    chat.sync_rows = read  # type: ignore[method-assign]
+    page = await conversations.sync("bob", page.next, 10)
+    assert [plain(m)["body"] for m in page.msgs][:1] == ["d1"]
+
+
 async def test_conversation_pages_cover_the_list_once_in_order(world: World) -> None:
     big, small = await groups_of_bob(world)
     quiet, _ = await world.admin.create("alice", "quiet", ["bob", "carol"])  # no message

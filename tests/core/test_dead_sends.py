@@ -91,3 +91,34 @@ async def test_a_claim_that_cannot_be_asked_holds_and_asks_again():
     down[0] = False
     assert await until(lambda: sends.observe({"n3-x": 5})[1] == ["n3-x"], timeout=5)
     await sends.close()
+
+
+async def test_the_mark_is_dropped_when_done_and_a_claim_left_unfinished_is_given_up():
+    """Done: the mark is dropped at once (a node closing right after would never
+    share again, and the mark would hold every cursor until the claim lapsed).
+    Stopped before done: the claim is given up, so another node takes it now."""
+    claims: dict[str, str] = {}
+    dropped: list[list[str]] = []
+    stuck = asyncio.Event()
+
+    async def claim(name: str) -> bool:
+        return claims.setdefault(name, "me") == "me"
+
+    async def release(name: str) -> None:
+        if claims.get(name) == "me":
+            del claims[name]
+
+    async def forget(names: list[str]) -> None:
+        dropped.append(names)
+
+    async def redeliver(node: int, low: int, high: int) -> int:
+        if node == 9:
+            await stuck.wait()  # never set: this one is still going at close
+        return 1
+
+    sends = DeadSends(redeliver, claim, release=release, forget=forget)
+    sends.observe({"n7-a": 100, "n9-b": 200})
+    assert await until(lambda: dropped == [["n7-a"]] and "n9-b" in claims, timeout=5)
+    await sends.close()
+    assert claims == {"n7-a": "me"}  # the unfinished claim given up; the done one lapses
+    assert dropped == [["n7-a"]]

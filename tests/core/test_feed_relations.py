@@ -5,10 +5,11 @@ No servers."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 
+from core.errors import Unavailable
 from core.seek_cursor import MAX_CURSOR, BadCursor, decode_cursor, encode_cursor
 from gateway.config import Settings
 from gateway.errors import ProtocolError
@@ -176,9 +177,80 @@ async def test_unlike_moves_the_count_once_and_only_after_a_like(feed: Feed) -> 
     assert await likes() == 2
     await feed.service.unlike("u", post)
     await feed.service.unlike("u", post)
-    assert await likes() == 1 and feed.posts.likes == {(post, "v")}
+    assert await likes() == 1 and set(feed.posts.likes) == {(post, "v")}
     await feed.service.like("u", post)
     assert await likes() == 2
+
+
+async def _likes(feed: Feed, post: int) -> int:
+    return int((await feed.service.post(post))["counts"]["likes"])
+
+
+async def _retried(call: Callable[[], Awaitable[None]], feed: Feed) -> None:
+    """``call`` answered ``unavailable`` (its answer lost, or a store down); then,
+    the stores well again, the client's retry."""
+    with pytest.raises(Unavailable):
+        await call()
+    feed.posts.heal()
+    feed.counters.heal()
+    await call()
+
+
+@pytest.mark.parametrize("lost", ["like_row", "like_once", "like_counted"])
+async def test_a_like_retried_after_unavailable_counts_once(feed: Feed, lost: str) -> None:
+    # Each step of a like done, its answer lost: the retry finds the row (and
+    # maybe its +1) there, and the count still ends at one, not zero or two.
+    post = await feed.post("a")
+    store = feed.counters if lost == "like_once" else feed.posts
+    store.lose(lost)
+    await _retried(lambda: feed.service.like("u", post), feed)
+    assert await _likes(feed, post) == 1 and feed.posts.likes[(post, "u")].counted
+    await feed.service.unlike("u", post)
+    assert await _likes(feed, post) == 0 and not feed.posts.likes
+
+
+@pytest.mark.parametrize("lost", ["unlike_once", "drop_like"])
+async def test_an_unlike_retried_after_unavailable_counts_once(feed: Feed, lost: str) -> None:
+    post = await feed.post("a")
+    await feed.service.like("u", post)
+    await feed.service.like("v", post)
+    store = feed.counters if lost == "unlike_once" else feed.posts
+    store.lose(lost)
+    await _retried(lambda: feed.service.unlike("u", post), feed)
+    assert await _likes(feed, post) == 1 and set(feed.posts.likes) == {(post, "v")}
+
+
+async def test_a_like_after_a_half_done_unlike_counts_once(feed: Feed) -> None:
+    # The unlike's -1 moved, then dropping the row failed: the row is there but
+    # no longer counted. A like now finishes that unlike and makes a new row.
+    post = await feed.post("a")
+    await feed.service.like("u", post)
+    feed.posts.fail("drop_like")
+    with pytest.raises(Unavailable):
+        await feed.service.unlike("u", post)
+    assert await _likes(feed, post) == 0 and (post, "u") in feed.posts.likes
+    feed.posts.heal()
+    await feed.service.like("u", post)
+    assert await _likes(feed, post) == 1 and feed.posts.likes[(post, "u")].counted
+    await feed.service.unlike("u", post)
+    assert await _likes(feed, post) == 0 and not feed.posts.likes
+
+
+async def test_an_unlike_of_a_like_never_counted_moves_nothing(feed: Feed) -> None:
+    # The like's row was written, its +1 never made (the counter was down) and
+    # the user gave up; the unlike takes nothing back, and a later +1 of that
+    # row is refused (-1): the like is being undone.
+    post = await feed.post("a")
+    await feed.service.like("v", post)
+    feed.counters.fail("like_once")
+    with pytest.raises(Unavailable):
+        await feed.service.like("u", post)
+    feed.counters.heal()
+    token = feed.posts.likes[(post, "u")].token
+    await feed.service.unlike("u", post)
+    assert await _likes(feed, post) == 1 and set(feed.posts.likes) == {(post, "v")}
+    assert await feed.counters.like_once(post, "u", token, False) == -1
+    assert await _likes(feed, post) == 1
 
 
 async def test_unlike_and_get_of_a_missing_or_deleted_post_are_not_found(feed: Feed) -> None:

@@ -9,8 +9,15 @@ import { BoundedSet, backoffDelay, jwtClaims } from "../src/util.js";
 import { token } from "./nodes.mjs";
 import { collect, waitEvent } from "./helpers.mjs";
 
-/** A scripted node: `reply(frame, ws)` answers each client frame; `opens` says whether a handshake succeeds. */
-function fakeNode({ reply = () => undefined, opens = () => true } = {}) {
+/** A node's answer to a ping, as a real node gives it. */
+const pong = (f) => (f.op === "ping" ? { op: "pong", re: f.id } : undefined);
+
+/**
+ * A scripted node: `reply(frame, ws)` answers each client frame (by default a
+ * ping, as a real node: the sync after a connect waits for that answer);
+ * `opens` says whether a handshake succeeds.
+ */
+function fakeNode({ reply = pong, opens = () => true } = {}) {
   const sockets = [];
   class FakeWebSocket {
     constructor(url) {
@@ -194,8 +201,32 @@ test("changes in sync: messages already had come back as \"changed\" when they d
   c2.close();
 });
 
+test("the sync after a connect starts once the node answered a ping on the new connection", async () => {
+  // The node reads a connection's frames only once its device is registered: a
+  // message acked after that answer is pushed, one acked before is in the sync.
+  let answer = null;
+  const node = fakeNode({
+    reply: (f, ws) => {
+      if (f.op === "ping") answer = () => ws.push({ op: "pong", re: f.id });
+    },
+  });
+  const { fetch, calls } = fakeFetch([{ msgs: [msg(10)], next: 10, more: false }]);
+  const c = new ImClient({ url: "ws://n1/ws", httpUrl: "http://n1", token: token("alice"), WebSocket: node.WebSocket, fetch, catchUpSyncMs: 0, pingIntervalMs: 0 });
+  const got = collect(c, "message");
+  const online = c.connect();
+  for (let i = 0; i < 400 && answer === null; i++) await new Promise((r) => setTimeout(r, 5));
+  assert.ok(answer, "a ping on the new connection");
+  await new Promise((r) => setTimeout(r, 30)); // time enough for a sync that did not wait
+  assert.equal(calls.filter((u) => u.includes("/v1/sync")).length, 0);
+  answer();
+  await online;
+  assert.equal(calls.filter((u) => u.includes("/v1/sync")).length, 1);
+  assert.deepEqual(got.map((m) => m.mid), [10]);
+  c.close();
+});
+
 test("keepalive: a silent link is dropped after the ping timeout and the next url is tried", async () => {
-  const node = fakeNode(); // answers nothing, not even pong
+  const node = fakeNode({ reply: () => undefined }); // answers nothing, not even pong
   const c = new ImClient({ urls: ["ws://n1/ws", "ws://n2/ws"], token: token("alice"), WebSocket: node.WebSocket, pingIntervalMs: 30, pingTimeoutMs: 30, backoff: { minMs: 1, maxMs: 5 } });
   await c.connect();
   const closed = await waitEvent(c, "closed", () => true, 2000);
@@ -207,7 +238,7 @@ test("keepalive: a silent link is dropped after the ping timeout and the next ur
 });
 
 test("pong keeps the link; a reconnect frame moves on at once; 4003 stops", async () => {
-  const node = fakeNode({ reply: (f) => (f.op === "ping" ? { op: "pong", re: f.id } : undefined) });
+  const node = fakeNode({ reply: pong });
   const c = new ImClient({ urls: ["ws://n1/ws", "ws://n2/ws"], token: token("alice"), WebSocket: node.WebSocket, pingIntervalMs: 20, pingTimeoutMs: 50, backoff: { minMs: 60000, maxMs: 60000 } });
   await c.connect();
   await new Promise((r) => setTimeout(r, 150)); // several ping rounds

@@ -308,13 +308,19 @@ class Client(Rooming, Ops, Syncing, Sending):
             self.inbox.begin_sync()  # pushes wait for the older messages of the sync
         self._ready.set()
         self._wake.set()  # the ticker writes the sends in flight
+        registered = True
         try:
             if syncing:
                 # The node reads a connection's frames only once the device is
                 # registered (its route written, its groups loaded): a message
                 # acked after this answer is pushed to it, one acked before is
                 # in the sync. Syncing earlier could miss one acked in between.
-                await conn.request("ping", self.request_timeout)
+                try:
+                    await conn.request("ping", self.request_timeout)
+                except TimeoutError:
+                    # Registration is slow (a store is): sync now all the same,
+                    # and again once the node answers (``_sync_once_registered``).
+                    registered = False
             watched = sorted(self.presence)
             for i in range(0, len(watched), 500):
                 r = await conn.request("presence_sub", self.request_timeout,
@@ -323,13 +329,19 @@ class Client(Rooming, Ops, Syncing, Sending):
                     self._emit(Push("presence", r))
             for st in self.rooms:
                 await self._rejoin(conn, st.room)
-        except (Disconnected, TimeoutError):
+        except Disconnected:
             if syncing:
                 self._release_held()
             return
+        except TimeoutError:
+            # Presence or a room did not answer in time; the connection is open,
+            # so it is not left without its sync (it would miss what came while away).
+            pass
         synced = 0
         if syncing:
             synced = await self._sync_after_connect()
+            if not registered and not conn.closed:
+                self._spawn(self._sync_once_registered(conn, self._gen))
         if self.acks:
             with contextlib.suppress(Disconnected):
                 await self._flush_acks(conn)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+from imgate_client.connection import Connection, Disconnected
 from imgate_client.core import Frame, Inbox
 from imgate_client.events import Event, Push, Stopped, SyncFailed
 from imgate_client.http import HttpError
@@ -32,6 +33,7 @@ class Syncing:
     stopped: Stopped | None
     _sync_lock: asyncio.Lock
     _gen: int  # the connection's number: a new connection, a new number
+    request_timeout: float
 
     @property
     def user(self) -> str | None:
@@ -97,6 +99,21 @@ class Syncing:
                 self.inbox.begin_sync()
                 await asyncio.sleep(0.5 * 2 ** attempt)
         return 0
+
+    async def _sync_once_registered(self, conn: Connection, gen: int) -> None:
+        """The node did not answer the ping after connect ``gen`` in time: once it
+        answers one (the device is registered), sync again, so a message acked
+        between the first sync and the registration is not missed."""
+        while self.stopped is None and self._gen == gen and not conn.closed:
+            try:
+                await conn.request("ping", self.request_timeout)
+            except TimeoutError:
+                continue
+            except Disconnected:
+                return
+            if self._gen == gen:
+                await self._background_sync()
+            return
 
     async def _resync(self, gen: int) -> None:
         """The sync after connect ``gen`` failed every try (a dependency of the

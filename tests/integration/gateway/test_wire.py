@@ -92,6 +92,14 @@ class _Peer:
     ws: ServerConnection
     stuck_since: float = 0.0
 
+    @property
+    def proto(self) -> Any:
+        return self.ws.protocol
+
+    @property
+    def transport(self) -> Any:
+        return self.ws.transport
+
 
 def _small_buffer(sock: Any, which: int) -> None:
     """Shrink a socket's kernel buffer: the stream then backs up into the

@@ -16,7 +16,6 @@ The longer run: ``python -m bench.nemesis --minutes N --seed S``.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -24,18 +23,13 @@ from testkit.nemesis import MUST_BE_ZERO, Nemesis, NemesisConfig, ci_schedule, d
 
 # Its nodes use only the servers it starts itself (a private Redis, or a private
 # 3-master Redis Cluster for the "redis-cluster" case): CI's Redis Cluster pass
-# skips it, and its single-Redis pass runs the single-Redis case. The Redis
-# Cluster case runs with IMGATE_NEMESIS_CLUSTER=1 (or `python -m bench.nemesis
-# --ci --redis-cluster`): seeds 2 and 3 of the CI schedule each met one 1:1
-# push missed for a send made just after the master's kill and acked during
-# the outage, sender and receiver on the same node (docs/benchmarks.md,
-# "Fault schedule"), not understood yet.
+# skips it, and its single-Redis pass runs both cases. (The Redis Cluster case
+# was left out of CI while it met a missed push now and then; seeds 1-8 of its
+# schedule, four runs at a time, ran clean on this code: docs/benchmarks.md,
+# "Fault schedule".)
 pytestmark = [pytest.mark.own_redis]
 
-CLUSTER_CASE = pytest.param(
-    True, id="redis-cluster", marks=pytest.mark.skipif(
-        not os.environ.get("IMGATE_NEMESIS_CLUSTER"),
-        reason="the Redis Cluster fault schedule: IMGATE_NEMESIS_CLUSTER=1 to run it"))
+CLUSTER_CASE = pytest.param(True, id="redis-cluster")
 
 
 @pytest.mark.parametrize("redis_cluster", [pytest.param(False, id="redis"), CLUSTER_CASE])
@@ -46,12 +40,14 @@ async def test_delivery_guarantees_hold_through_a_fault_schedule(tmp_path, redis
     dump(report, tmp_path / "nemesis-report.json")  # the whole report, beside the node logs
     print("\nnemesis:", json.dumps(summary(report)), "report:", tmp_path / "nemesis-report.json")
     details = {k: v for k, v in report.items() if k.startswith("details") and v}
+    if report["settle_left"]["undelivered"]:  # which messages, and where their receivers stood
+        details = {"settle_left": report["settle_left"], **details}
 
     assert report["acked"] > 1000
     assert report["pushes_owed"] > 0  # the deaf-device check had something to check
     assert report["room_msgs_seen"] > 0
     for key in MUST_BE_ZERO:
-        assert report[key] == 0, f"{key}: {report[key]}; {json.dumps(details)[:4000]}"
+        assert report[key] == 0, f"{key}: {report[key]}; {json.dumps(details)[:8000]}"
 
     redis = "redis_master" if redis_cluster else "redis"
     faults = {f["kind"]: f for f in report["faults"]}
