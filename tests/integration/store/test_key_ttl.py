@@ -15,6 +15,11 @@ from testkit.poll import bounded, until
 from tests.conftest import RUN_NS, uid
 
 KEYS = Keys(RUN_NS)
+# Sends in flight at once. More only queue in the test store (one process,
+# much slower than mongod) and, on CI's loaded machine, time out there and are
+# resent, which is more work for a store that is behind: 64 at once kept it
+# behind past this test, and the tests after it met its timeouts.
+SENDS_AT_ONCE = 8
 
 
 def user_keys(user: str) -> list[str]:
@@ -40,8 +45,8 @@ async def acked_send(client: Any, to: str, cmid: str, body: str) -> dict[str, An
 
 async def service_send(chat: Any, sender: str, to: str, cmid: str, body: bytes) -> None:
     """``ChatService.send``, again with the same cmid while the store answers
-    ``unavailable`` (as clients do: on CI's loaded machine 10,000 sends at 64
-    at a time can outrun the test store's timeout; the keys are the point)."""
+    ``unavailable`` (as clients do: on CI's loaded machine the test store can
+    answer past the node's timeout; the keys are the point)."""
     for attempt in range(10):
         try:
             await chat.send(sender, to, cmid, body)
@@ -62,7 +67,7 @@ async def test_sends_to_ten_thousand_invented_ids_leave_no_key_without_a_ttl(
     chat = node.app.chat
     started = time.monotonic()
     await bounded((service_send(chat, sender, t, f"c{i}", b'"hi"')
-                   for i, t in enumerate(targets)), 64)
+                   for i, t in enumerate(targets)), SENDS_AT_ONCE)
     # And what a client does next: list, read, recall, delete (each writes keys).
     ca = await connect(node, sender)
     reply = await ca.request("send", to=targets[0], cmid="again", body="x")
