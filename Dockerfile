@@ -18,14 +18,21 @@ COPY requirements.lock ./
 RUN pip install --require-hashes -r requirements.lock
 
 # 2. The code: no dependency resolution, no build backend fetched (both locked above).
-COPY pyproject.toml README.md ./
+#    The fan-out's C loop (setup.py) is compiled here, with a compiler that leaves
+#    in the same step; the sources go too, so `python -m gateway` (run from this
+#    directory) imports the installed package, C loop included.
+COPY pyproject.toml setup.py README.md ./
 COPY core ./core
 COPY gateway ./gateway
 COPY router ./router
 COPY store ./store
-RUN pip install --no-deps --no-build-isolation . \
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-deps --no-build-isolation . \
+    && (cd / && python -c "import gateway.wire as w; assert w.FANOUT == 'c', w.FANOUT") \
     && pip check \
-    && rm -rf build ./*.egg-info
+    && apt-get purge -y --auto-remove gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* build ./*.egg-info core gateway router store
 
 # Secrets from /run/secrets into the IM_* settings, then `python -m gateway ARGS`.
 COPY deploy/gateway-entrypoint.py /usr/local/bin/imgate-entrypoint

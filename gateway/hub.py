@@ -28,7 +28,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.protocol import Protocol
 
 from gateway.metrics import NodeMetrics
-from gateway.wire import SocketWriter, Written, write_wires, ws_text_frame
+from gateway.wire import SocketWriter, Written, socket_fd, write_wires, ws_text_frame
 
 __all__ = ["Client", "ConnectionIndex", "Hub"]
 
@@ -58,10 +58,12 @@ class Client:
     # 10,000 members, reaching them through ``ws`` costs cache misses per member.
     proto: Protocol = field(init=False, repr=False)
     transport: Transport = field(init=False, repr=False)
+    fd: int = field(init=False, repr=False)  # its socket (``wire.socket_fd``); -1: none
 
     def __post_init__(self) -> None:
         self.proto = self.ws.protocol
         self.transport = self.ws.transport
+        self.fd = socket_fd(self.transport)
 
     def write(self, frame: bytes, limit: int) -> bool:
         """One encoded JSON ``frame`` (a reply) to this socket alone, under the same

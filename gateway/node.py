@@ -166,10 +166,10 @@ class Node:
             "sharing sends in flight", min(s.heartbeat_s, INFLIGHT_SHARE_S),
             self._share_inflight)))
         self._tasks.append(asyncio.create_task(self._watch_lag()))
-        log.info("node %s serving ws=%s:%d http=%s:%d metrics=%s namespace=%s", self.name,
-                 s.host, self.ws_port, s.host, self.http_port,
+        log.info("node %s serving ws=%s:%d http=%s:%d metrics=%s namespace=%s fan-out=%s",
+                 self.name, s.host, self.ws_port, s.host, self.http_port,
                  f"{s.metrics_host}:{self.metrics_port}" if self.metrics_port >= 0 else "off",
-                 s.namespace)
+                 s.namespace, wire.FANOUT)
 
     async def _check_dependencies(self) -> None:
         """Redis and MongoDB answer, and the store's indexes exist.

@@ -21,7 +21,12 @@ room and group fan-out's hot path).
   each recipient's transport without awaiting. It owns the rules: only OPEN
   sockets are written; a socket whose write buffer is over the bound is
   skipped (counted) and noted as stuck; a write that goes through clears
-  that; a socket stuck too long is aborted.
+  that; a socket stuck too long is aborted. Its member loop runs in C
+  (``gateway/_fanout.c``, built by setup.py where a compiler is found) or, the
+  same loop, in Python: the C loop also sends on the socket itself (send(2))
+  when nothing is queued on its transport, which is what the event loop's own
+  write does first, without the interpreter's work around it. ``FANOUT`` says
+  which loop this process runs.
 """
 
 from __future__ import annotations
@@ -38,11 +43,22 @@ from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
 from websockets.streams import StreamReader
 
-__all__ = ["Count", "NodeConnection", "Peer", "SocketWriter", "Written", "abort", "buffered",
-           "is_closing",
-           "is_open", "lighten", "write", "write_wires", "writelines", "ws_text_frame"]
+__all__ = ["FANOUT", "Count", "NodeConnection", "Peer", "SocketWriter", "Written", "abort",
+           "buffered", "is_closing", "is_open", "lighten", "socket_fd", "write", "write_wires",
+           "writelines", "ws_text_frame"]
 
 log = logging.getLogger("gateway.wire")
+
+try:
+    from gateway import _fanout
+except ImportError:  # not built (no C compiler where it was installed): the Python loop
+    _fanout = None  # type: ignore[assignment]
+
+FANOUT = "c" if _fanout is not None else "python"
+# Transports whose socket the C loop may send on when nothing is queued: plain
+# TCP, uvloop's and asyncio's (their own write does just that first). Never TLS.
+_PLAIN_TCP = {("uvloop.loop", "TCPTransport"),
+              ("asyncio.selector_events", "_SelectorSocketTransport")}
 
 _OPEN = State.OPEN
 _U16 = struct.Struct("!H")
@@ -138,6 +154,17 @@ def _between_frames(ws: ServerConnection) -> bool:
     return g.gi_code is _AT_EOF
 
 
+def socket_fd(transport: Any) -> int:
+    """The socket of a plain TCP ``transport`` (the fan-out's C loop may write it
+    directly while nothing is queued); -1 for any other (TLS, a test's fake)."""
+    kind = type(transport)
+    if (kind.__module__, kind.__qualname__) not in _PLAIN_TCP \
+            or transport.get_extra_info("sslcontext") is not None:
+        return -1
+    sock = transport.get_extra_info("socket")
+    return -1 if sock is None else int(sock.fileno())
+
+
 def is_open(ws: ServerConnection) -> bool:
     """Whether frames may be written: the WebSocket is OPEN (no close sent or
     received) and the transport is not being torn down."""
@@ -210,6 +237,9 @@ class Peer(Protocol):
     @property
     def transport(self) -> Any:  # ``ws.transport``
         ...
+    @property
+    def fd(self) -> int:  # ``socket_fd(transport)``
+        ...
     stuck_since: float
 
 
@@ -223,13 +253,15 @@ class SocketWriter:
     """Writes the same wire bytes to many sockets; owns the skip and stuck rules.
 
     ``skipped`` counts recipients skipped for backlog unless a call names its
-    own counter; ``closed`` counts sockets aborted for staying stuck.
+    own counter; ``closed`` counts sockets aborted for staying stuck. ``in_c``:
+    run the member loop in C when it is built (False: the Python loop, for tests).
     """
 
-    def __init__(self, skipped: Count, closed: Count) -> None:
+    def __init__(self, skipped: Count, closed: Count, *, in_c: bool = True) -> None:
         self.skipped = skipped
         self.closed = closed
         self.stuck: dict[int, Peer] = {}  # clients whose writes are being skipped
+        self._c = _fanout if in_c else None
 
     def write_each(self, clients: Iterable[Peer | None], wires: Sequence[bytes], limit: int,
                    skip_conn: int | None = None, *, skipped: Count | None = None) -> int:
@@ -237,11 +269,32 @@ class SocketWriter:
         over ``limit`` bytes queued is skipped, counted and noted as stuck; ``None``
         (a room member that left, in a big room's list) is passed over.
         Returns how many took them."""
-        written = 0
         full: list[Peer] = []
-        # ``write_wires`` inlined: this loop is the room and group fan-out's hot path
-        # (one pass per member per frame); several frames go as one buffer, one write.
+        # Several frames go as one buffer, one write.
         data = wires[0] if len(wires) == 1 else b"".join(wires)
+        if self._c is not None:
+            unstuck: list[Peer] = []
+            written: int = self._c.write_each(clients, data, limit,
+                                         -1 if skip_conn is None else skip_conn, _OPEN,
+                                         full, unstuck)
+            for client in unstuck:
+                self.unstuck(client)
+        else:
+            written = self._write_each(clients, data, limit, skip_conn, full)
+        if full:
+            (skipped or self.skipped).inc(len(full))
+            now = time.monotonic()
+            for client in full:
+                self.mark_stuck(client, now)
+        return written
+
+    def _write_each(self, clients: Iterable[Peer | None], data: bytes, limit: int,
+                    skip_conn: int | None, full: list[Peer]) -> int:
+        """The member loop in Python: what ``gateway/_fanout.c`` does, through
+        each transport's own write."""
+        written = 0
+        # ``write_wires`` inlined: this loop is the room and group fan-out's hot path
+        # (one pass per member per frame).
         for client in clients:
             if client is None or (skip_conn is not None and client.id == skip_conn):
                 continue
@@ -255,11 +308,6 @@ class SocketWriter:
             written += 1
             if client.stuck_since:
                 self.unstuck(client)
-        if full:
-            (skipped or self.skipped).inc(len(full))
-            now = time.monotonic()
-            for client in full:
-                self.mark_stuck(client, now)
         return written
 
     def mark_stuck(self, client: Peer, now: float) -> None:

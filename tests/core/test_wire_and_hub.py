@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from types import SimpleNamespace
 from typing import cast
 
 import orjson
+import pytest
 from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.streams import StreamReader
@@ -21,7 +23,7 @@ from gateway.groups.hub import GroupHub
 from gateway.hub import Client, ConnectionIndex, Hub
 from gateway.metrics import NodeMetrics
 from gateway.rooms.hub import RoomHub, RoomLimits
-from gateway.wire import SocketWriter, Written, write_wires
+from gateway.wire import FANOUT, SocketWriter, Written, write_wires
 from testkit.probe import sample
 
 
@@ -159,20 +161,33 @@ def test_client_write_frames_a_reply_and_never_marks_stuck():
 
 
 # -- SocketWriter ---------------------------------------------------------------------------------
-def test_writer_writes_the_same_bytes_to_each_and_skips_closed_sockets_silently():
+@pytest.fixture(params=["python", "c"])
+def in_c(request: pytest.FixtureRequest) -> bool:
+    """The writer's member loop: in Python, and in C where it is built."""
+    if request.param == "c" and FANOUT != "c":
+        pytest.skip("the C loop is not built here (no C compiler at install)")
+    return bool(request.param == "c")
+
+
+def test_the_c_loop_is_built_where_a_c_compiler_is():
+    assert FANOUT == "c" or shutil.which("cc") is None, \
+        "a C compiler is here but gateway._fanout is not built: pip install -e . again"
+
+
+def test_writer_writes_the_same_bytes_to_each_and_skips_closed_sockets_silently(in_c):
     skipped = Tally()
-    writer = SocketWriter(skipped, Tally())
+    writer = SocketWriter(skipped, Tally(), in_c=in_c)
     wire = b"\x81\x02hi"
     open_a, open_b = make_client("a"), make_client("b")
     closed = make_client("c", state=State.CLOSED)
-    assert writer.write_each([open_a, closed, open_b], [wire], 100) == 2
+    assert writer.write_each([open_a, None, closed, open_b], [wire], 100) == 2  # None: a hole
     assert tr(open_a).out[0] is wire and tr(open_b).out[0] is wire
     assert tr(closed).out == []
     assert skipped.n == 0 and writer.stuck == {}  # closing is not backlog
 
 
-def test_writer_skips_conn_and_writes_several_frames_in_order():
-    writer = SocketWriter(Tally(), Tally())
+def test_writer_skips_conn_and_writes_several_frames_in_order(in_c):
+    writer = SocketWriter(Tally(), Tally(), in_c=in_c)
     a, b = make_client("a"), make_client("b")
     wires = [b"\x81\x01x", b"\x81\x01y"]
     assert writer.write_each([a, b], wires, 100, skip_conn=a.id) == 1
@@ -180,9 +195,9 @@ def test_writer_skips_conn_and_writes_several_frames_in_order():
     assert tr(b).calls == 1  # several frames, one write
 
 
-def test_writer_counts_skips_over_the_bound_and_marks_then_clears_stuck():
+def test_writer_counts_skips_over_the_bound_and_marks_then_clears_stuck(in_c):
     default, rooms = Tally(), Tally()
-    writer = SocketWriter(default, Tally())
+    writer = SocketWriter(default, Tally(), in_c=in_c)
     slow, fast = make_client("slow", buffered=500), make_client("fast")
     assert writer.write_each([slow, fast], [b"w"], 100) == 1
     assert default.n == 1 and tr(slow).out == []

@@ -23,7 +23,8 @@ ENTRYPOINT = REPO / "deploy" / "gateway-entrypoint.py"
 NEVER_IN_CONTEXT = [".env", "deploy/secrets/im_auth_secret", "deploy/secrets/redis_password",
                     "deploy/tls/privkey.pem", ".venv/bin/python", ".git/config",
                     "tests/conftest.py", "bench/out/x.json", "secantus-data/x",
-                    "gateway/__pycache__/node.cpython-311.pyc", "imgate.egg-info/PKG-INFO"]
+                    "gateway/__pycache__/node.cpython-311.pyc", "imgate.egg-info/PKG-INFO",
+                    "gateway/_fanout.cpython-311-x86_64-linux-gnu.so"]  # built here, not there
 
 
 # -- Dockerfile ----------------------------------------------------------------------------

@@ -7,11 +7,14 @@ A websockets server (``websockets.asyncio.server.serve`` on 127.0.0.1, as the
 node runs it: no compression; no gateway node) writes many raw text frames of
 sizes from 0 to 256 KiB (the 7-bit, 16-bit and 64-bit length forms) through
 gateway.wire (``write_wires``, one frame and several at once, and a
-``SocketWriter``) while websockets itself sends pings (``ws.ping()`` and
-keepalive pings every 10 ms), answers the client's pings, and then closes with
-a code and reason of the test's own. The sockets' kernel buffers are small
-(8 KiB), so the stream backs up into the transport's buffer and many of
-websockets' frames are made with raw bytes queued ahead of them (checked).
+``SocketWriter`` running its member loop in Python and one running it in C,
+which sends on the socket itself while nothing is queued on the transport and
+hands what the kernel did not take to the transport) while websockets itself
+sends pings (``ws.ping()`` and keepalive pings every 10 ms), answers the
+client's pings, and then closes with a code and reason of the test's own. The
+sockets' kernel buffers are small (8 KiB), so the stream backs up into the
+transport's buffer and many of websockets' frames are made with raw bytes
+queued ahead of them (checked).
 Every frame websockets makes is logged as it is made (the server protocol's
 ``send_frame``, wrapped on the instance), every raw one as it is written: the
 log is the order the frames were produced in. Two clients check the stream: a
@@ -24,6 +27,11 @@ once websockets' close has started, ``is_open`` is False and the writers skip
 the socket; ``abort`` (and ``SocketWriter.close_stuck``) drops it without a
 close frame.
 
+The order test runs once more on uvloop, the node's event loop (the others run
+on asyncio's: the C loop knows both transports). And the C loop's own send of
+a frame bigger than the kernel takes: the rest queued on the transport, then
+the frames after it, all arrive whole and in order.
+
 pyproject.toml admits the websockets versions this test passes with.
 """
 
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import os
 import socket
@@ -48,12 +57,14 @@ from websockets.protocol import State
 from websockets.streams import StreamReader
 
 from gateway.wire import (
+    FANOUT,
     SocketWriter,
     Written,
     abort,
     buffered,
     is_closing,
     is_open,
+    socket_fd,
     write_wires,
     ws_text_frame,
 )
@@ -91,6 +102,12 @@ class _Peer:
     user: str
     ws: ServerConnection
     stuck_since: float = 0.0
+    fd: int = -1  # its socket, for the C loop's own send (``socket_fd``); -1: none
+
+    @classmethod
+    def of(cls, conn_id: int, ws: ServerConnection) -> _Peer:
+        """As the node makes one: with its socket."""
+        return cls(conn_id, "u", ws, fd=socket_fd(ws.transport))
 
     @property
     def proto(self) -> Any:
@@ -167,13 +184,15 @@ async def _stream(ws: ServerConnection, s: Stream) -> None:
     among them, until enough keepalive pings and pongs were made; then the close."""
     _log_own_frames(ws, s.log, s.backlog)
     _small_buffer(ws.transport.get_extra_info("socket"), socket.SO_SNDBUF)
-    writer, peer = SocketWriter(_Count(), _Count()), _Peer(1, "u", ws)
+    writers = (SocketWriter(_Count(), _Count(), in_c=False), SocketWriter(_Count(), _Count()))
+    peer = _Peer.of(1, ws)
+    assert peer.fd >= 0
     pending: list[Awaitable[float]] = []
     started, i, rounds = time.monotonic(), 0, 0
     while rounds < MIN_ROUNDS or s.keepalive_pings < 3 or len(s.own(Opcode.PONG)) < 3:
         assert time.monotonic() - started < MAX_S, "no keepalive pings or pongs made"
         for n in SIZES:
-            how = i % 3
+            how = i % 4
             if how == 0:  # one frame
                 body = payload(i, n)
                 assert write_wires(ws, [ws_text_frame(body)], NO_LIMIT) is Written.SENT
@@ -183,9 +202,9 @@ async def _stream(ws: ServerConnection, s: Stream) -> None:
                 assert write_wires(ws, [ws_text_frame(first), ws_text_frame(second)],
                                    NO_LIMIT) is Written.SENT
                 s.log += [(Opcode.TEXT, first), (Opcode.TEXT, second)]
-            else:  # the fan-out writer
+            else:  # the fan-out writer: its loop in Python, then in C
                 body = payload(i, n)
-                assert writer.write_each([peer], [ws_text_frame(body)], NO_LIMIT) == 1
+                assert writers[how - 2].write_each([peer], [ws_text_frame(body)], NO_LIMIT) == 1
                 s.log.append((Opcode.TEXT, body))
             i += 1
             if i % 7 == 0:  # websockets' own ping, between two raw writes
@@ -202,15 +221,16 @@ async def _stream(ws: ServerConnection, s: Stream) -> None:
     await ws.close(CLOSE_CODE, CLOSE_REASON)
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[Callable[..., Awaitable[tuple[str, list[Any]]]]]:
-    """``start(handler)``: a websockets server on 127.0.0.1, port 0, running
-    ``handler(ws, state)`` on each connection (keepalive pings every 10 ms);
-    returns its URL and the list of each connection's state as made."""
-    servers: list[Any] = []
+class _Servers:
+    """websockets servers on 127.0.0.1, port 0, each running ``handler(ws, state)``
+    on each connection (keepalive pings every 10 ms)."""
 
-    async def start(handler: Callable[[ServerConnection, Any], Awaitable[None]],
+    def __init__(self) -> None:
+        self.servers: list[Any] = []
+
+    async def start(self, handler: Callable[[ServerConnection, Any], Awaitable[None]],
                     state: Callable[[], Any] = Stream) -> tuple[str, list[Any]]:
+        """Its URL and the list of each connection's state as made."""
         states: list[Any] = []
 
         async def serve_one(ws: ServerConnection) -> None:
@@ -228,15 +248,23 @@ async def server() -> AsyncIterator[Callable[..., Awaitable[tuple[str, list[Any]
 
         srv = await serve(serve_one, "127.0.0.1", 0, compression=None, max_size=None,
                           ping_interval=KEEPALIVE_S, ping_timeout=10)
-        servers.append(srv)
+        self.servers.append(srv)
         port = next(iter(srv.sockets)).getsockname()[1]
         return f"ws://127.0.0.1:{port}/", states
 
-    yield start
-    for srv in servers:
-        srv.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(srv.wait_closed(), 5)
+    async def close(self) -> None:
+        for srv in self.servers:
+            srv.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(srv.wait_closed(), 5)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Callable[..., Awaitable[tuple[str, list[Any]]]]]:
+    """``start(handler)``: see ``_Servers.start``."""
+    servers = _Servers()
+    yield servers.start
+    await servers.close()
 
 
 async def test_a_websockets_client_gets_every_frame_the_pongs_and_the_close(server):
@@ -359,7 +387,28 @@ class RawClient:
 
 
 async def test_the_bytes_on_the_wire_are_the_frames_in_the_order_made(server):
-    url, states = await server(_stream)
+    await _frames_in_the_order_made(server)
+
+
+def test_on_uvloop_too_the_bytes_on_the_wire_are_the_frames_in_the_order_made():
+    """The node's event loop: its transport is the other kind the C loop knows."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def on_uvloop() -> str:
+        servers = _Servers()
+        try:
+            await _frames_in_the_order_made(servers.start)
+        finally:
+            await servers.close()
+        return type(asyncio.get_running_loop()).__module__
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop of its own, apart
+        assert pool.submit(uvloop.run, on_uvloop()).result(timeout=MAX_S + 60) == "uvloop"
+
+
+async def _frames_in_the_order_made(
+        start: Callable[..., Awaitable[tuple[str, list[Any]]]]) -> None:
+    url, states = await start(_stream)
     raw = await RawClient.open(url)
     close = await asyncio.wait_for(raw.run(), MAX_S + 20)
     (s,) = states
@@ -388,7 +437,7 @@ class Checks:
 
 async def _close_then_write(ws: ServerConnection, c: Checks) -> None:
     writer = SocketWriter(_Count(), _Count())
-    peer = _Peer(7, "u", ws)
+    peer = _Peer.of(7, ws)
     try:
         assert is_open(ws)
         assert write_wires(ws, [ws_text_frame(b"before")], NO_LIMIT) is Written.SENT
@@ -430,20 +479,24 @@ async def test_once_the_close_started_the_writers_skip_the_socket(server):
 async def _dropped(ws: ServerConnection, c: Checks) -> None:
     assert ws.request is not None
     how = c.seen["how"] = ws.request.path.strip("/")
+    writer = SocketWriter(_Count(), _Count())
     try:
         assert write_wires(ws, [ws_text_frame(b"hello")], NO_LIMIT) is Written.SENT
         await asyncio.sleep(0.05)  # on its way before the drop
         if how == "abort":
             abort(ws)
         else:  # stuck for longer than allowed: SocketWriter aborts it
-            writer = SocketWriter(_Count(), _Count())
-            peer = _Peer(9, "u", ws)
+            peer = _Peer.of(9, ws)
             writer.mark_stuck(peer, time.monotonic() - 60)
             c.seen["closed_stuck"] = writer.close_stuck(30, time.monotonic())
             c.seen["closed_count"] = writer.closed.n  # type: ignore[attr-defined]
             c.seen["still_stuck"] = dict(writer.stuck)
         c.seen["is_closing"] = is_closing(ws)
         c.seen["is_open"] = is_open(ws)
+        # Still OPEN to websockets until the transport reports the loss: the fan-out
+        # writes, and the transport drops it (its socket is not written, in C either).
+        c.seen["write_each"] = writer.write_each([_Peer.of(10, ws)], [ws_text_frame(b"gone")],
+                                                 NO_LIMIT)
         await asyncio.wait_for(ws.wait_closed(), 10)
         c.seen["state"] = ws.protocol.state
         c.seen["write_after"] = write_wires(ws, [ws_text_frame(b"late")], NO_LIMIT)
@@ -464,6 +517,7 @@ async def test_abort_drops_the_socket_without_a_close(server, how):
     await asyncio.wait_for(c.done.wait(), 10)
     assert c.seen["how"] == how
     assert c.seen["is_closing"] is True and c.seen["is_open"] is False
+    assert c.seen["write_each"] == 1 and "gone" not in got
     if how == "close_stuck":
         assert c.seen["closed_stuck"] == 1 and c.seen["closed_count"] == 1
         assert c.seen["still_stuck"] == {}
@@ -471,3 +525,38 @@ async def test_abort_drops_the_socket_without_a_close(server, how):
     assert c.seen["close_sent"] is None  # no close handshake: dropped
     assert got == ["hello"]
     assert client.protocol.close_rcvd is None  # 1006: the TCP connection just ended
+
+
+# -- the C loop's own send ---------------------------------------------------------
+BIG = 262_144  # far more than the kernel takes at once with 8 KiB buffers
+
+
+async def _short_send(ws: ServerConnection, c: Checks) -> None:
+    _small_buffer(ws.transport.get_extra_info("socket"), socket.SO_SNDBUF)
+    writer, peer = SocketWriter(_Count(), _Count()), _Peer.of(1, ws)
+    try:
+        c.seen["queued_before"] = buffered(ws)
+        c.seen["first"] = writer.write_each([peer], [ws_text_frame(payload(0, BIG))], NO_LIMIT)
+        c.seen["queued_after"] = buffered(ws)  # what the kernel did not take
+        for i in range(1, 4):  # behind it: through the transport, in order
+            writer.write_each([peer], [ws_text_frame(payload(i, 1_000 * i))], NO_LIMIT)
+        await ws.close(CLOSE_CODE, CLOSE_REASON)
+    finally:
+        c.done.set()
+
+
+async def test_the_c_loop_hands_what_the_kernel_did_not_take_to_the_transport(server):
+    if FANOUT != "c":
+        pytest.skip("the C loop is not built here")
+    url, states = await server(_short_send, Checks)
+    async with connect(url, compression=None, max_size=None, ping_interval=None,
+                       sock=await _client_socket(url)) as client:
+        got = [m async for m in client]
+    (c,) = states
+    await asyncio.wait_for(c.done.wait(), 10)
+    frame = len(ws_text_frame(payload(0, BIG)))
+    # Sent in part by the C loop itself, the rest queued on the transport.
+    assert c.seen["queued_before"] == 0 and 0 < c.seen["queued_after"] < frame
+    assert c.seen["first"] == 1
+    texts = [m.encode() if isinstance(m, str) else m for m in got]
+    assert texts == [payload(0, BIG)] + [payload(i, 1_000 * i) for i in range(1, 4)]
