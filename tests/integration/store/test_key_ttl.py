@@ -78,13 +78,13 @@ async def test_sends_to_ten_thousand_invented_ids_leave_no_key_without_a_ttl(
     # And what a client does next: list, read, recall, delete (each writes keys).
     ca = await connect(node, sender)
     reply = await ca.request("send", to=targets[0], cmid="again", body="x")
-    await http(targets[0]).ok("POST", f"/v1/conversations/{sender}/read",
+    await http(targets[0], node).ok("POST", f"/v1/conversations/{sender}/read",
                               json={"mid": reply["mid"]})
     await ca.request("recall", mid=reply["mid"])
-    await http(sender).ok("GET", "/v1/conversations")
-    await http(targets[1]).ok("GET", "/v1/conversations")
-    await http(sender).ok("POST", f"/v1/follow/{targets[2]}")  # the following set
-    await http(targets[3]).ok("GET", "/v1/timeline")
+    await http(sender, node).ok("GET", "/v1/conversations")
+    await http(targets[1], node).ok("GET", "/v1/conversations")
+    await http(sender, node).ok("POST", f"/v1/follow/{targets[2]}")  # the following set
+    await http(targets[3], node).ok("GET", "/v1/timeline")
     elapsed = time.monotonic() - started
 
     found = await scan(redis_client, f"{RUN_NS}:*{{{tag}-*")
