@@ -13,6 +13,7 @@ A client that reconnects, resends and syncs on its own is ``imgate_client.Client
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -45,3 +46,17 @@ class Device(Connection):
         return await super().open(f"{url}{'&' if '?' in url else '?'}token={token}", None,
                                   on_push=on_push,
                                   on_close=on_close, **connect_kw)
+
+    async def until_taken(self, op: str, tries: int = 10, **fields: Any) -> Frame:
+        """``request(op, **fields)``, asked again (the same fields: a send's cmid
+        makes it idempotent) while the node answers ``unavailable``, as clients
+        do: for a test's setup steps, which a loaded machine's test store can
+        answer past the node's timeout. Any other error fails the test."""
+        for attempt in range(tries):
+            reply = await self.request(op, **fields)
+            if reply.get("op") != "error":
+                return reply
+            assert reply.get("code") == "unavailable", reply
+            if attempt < tries - 1:
+                await asyncio.sleep(0.5)
+        raise AssertionError(f"{op} never taken: {reply}")

@@ -14,9 +14,9 @@ async def test_resend_after_redis_lost_dedup_keys_finds_original_in_mongo(
         node, connect, redis_client, mongo_db):
     a, b = uid("a"), uid("b")
     ca = await connect(node, a)
-    first = await ca.request("send", to=b, cmid="k", body=1)
+    first = await ca.until_taken("send", to=b, cmid="k", body=1)
     await redis_client.delete(KEYS.dedup(a, "k"))
-    again = await ca.request("send", to=b, cmid="k", body=1)
+    again = await ca.until_taken("send", to=b, cmid="k", body=1)
     assert again["mid"] == first["mid"]
     assert await mongo_db.messages.count_documents({"from": a}) == 1
 
@@ -26,7 +26,7 @@ async def test_sync_falls_back_to_mongo_when_offline_store_is_trimmed(make_node,
     node = await make_node(offline_max=3)
     a, c = uid("a"), uid("c")
     ca = await connect(node, a)
-    mids = [(await ca.request("send", to=c, cmid=f"t{i}", body=i))["mid"] for i in range(7)]
+    mids = [(await ca.until_taken("send", to=c, cmid=f"t{i}", body=i))["mid"] for i in range(7)]
     hc = http(c, node)
     # The zset holds only the newest three; a sync from 0 still sees all seven.
     assert await redis_client.zcard(KEYS.offline(c)) == 3
@@ -40,10 +40,10 @@ async def test_sync_is_complete_when_redis_lost_the_offline_store(node, connect,
                                                                  redis_client):
     a, c = uid("a"), uid("c")
     ca = await connect(node, a)
-    mids = [(await ca.request("send", to=c, cmid=f"l{i}", body=i))["mid"] for i in range(3)]
+    mids = [(await ca.until_taken("send", to=c, cmid=f"l{i}", body=i))["mid"] for i in range(3)]
     await redis_client.delete(KEYS.offline(c), KEYS.offline_meta(c))
     # A message after the loss re-creates the store; it must not claim older ones.
-    mids.append((await ca.request("send", to=c, cmid="after", body=3))["mid"])
+    mids.append((await ca.until_taken("send", to=c, cmid="after", body=3))["mid"])
     page = (await http(c).get("/v1/sync", params={"since": 0})).json()
     assert [m["mid"] for m in page["msgs"]] == mids
     assert [m["body"] for m in page["msgs"]] == [0, 1, 2, 3]
@@ -52,7 +52,7 @@ async def test_sync_is_complete_when_redis_lost_the_offline_store(node, connect,
 async def test_recv_ack_and_sync_ack_drop_offline_entries(node, connect, http, redis_client):
     a, b = uid("a"), uid("b")
     ca, cb = await connect(node, a), await connect(node, b)
-    mids = [(await ca.request("send", to=b, cmid=f"r{i}", body=i))["mid"] for i in range(4)]
+    mids = [(await ca.until_taken("send", to=b, cmid=f"r{i}", body=i))["mid"] for i in range(4)]
     key = KEYS.offline(b)
     assert await redis_client.zcard(key) == 4
     await cb.send_raw(f'{{"op":"recv_ack","mids":[{mids[0]},{mids[1]}]}}')
@@ -84,9 +84,9 @@ async def test_after_a_redis_loss_the_first_sync_from_mongodb_lets_redis_answer_
     same, and a message delivered meanwhile is there once."""
     a, c = uid("a"), uid("c")
     ca = await connect(node, a)
-    mids = [(await ca.request("send", to=c, cmid=f"l{i}", body=i))["mid"] for i in range(3)]
+    mids = [(await ca.until_taken("send", to=c, cmid=f"l{i}", body=i))["mid"] for i in range(3)]
     await redis_client.delete(KEYS.offline(c), KEYS.offline_meta(c))
-    mids.append((await ca.request("send", to=c, cmid="after", body=3))["mid"])
+    mids.append((await ca.until_taken("send", to=c, cmid="after", body=3))["mid"])
     hc = http(c, node)
     from_mongo = _synced(node, "mongo")
     first = (await hc.get("/v1/sync", params={"since": 0})).json()
@@ -96,7 +96,7 @@ async def test_after_a_redis_loss_the_first_sync_from_mongodb_lets_redis_answer_
     assert node.metrics.registry.get_sample_value("im_offline_fills_total",
                                                   {"outcome": "filled"}) == 1
 
-    mids.append((await ca.request("send", to=c, cmid="later", body=4))["mid"])
+    mids.append((await ca.until_taken("send", to=c, cmid="later", body=4))["mid"])
     from_redis = _synced(node, "redis")
     second = (await hc.get("/v1/sync", params={"since": 0})).json()
     assert _synced(node, "redis") == from_redis + 1 and _synced(node, "mongo") == from_mongo + 1
@@ -131,7 +131,7 @@ async def test_a_fill_read_before_a_recall_writes_nothing(node, connect, http, r
     every push), and a recalled message keeps its tombstone."""
     a, c = uid("a"), uid("c")
     ca = await connect(node, a)
-    mids = [(await ca.request("send", to=c, cmid=f"f{i}", body=i))["mid"] for i in range(3)]
+    mids = [(await ca.until_taken("send", to=c, cmid=f"f{i}", body=i))["mid"] for i in range(3)]
     offline = node.stores.offline
     frames = await redis_client.zrange(KEYS.offline(c), 0, -1)
     rows = list(zip(mids, frames, strict=True))
@@ -139,7 +139,7 @@ async def test_a_fill_read_before_a_recall_writes_nothing(node, connect, http, r
     await redis_client.hset(KEYS.offline_meta(c), "floor", mids[0])
     before = await offline.page(c, 0, 10)
     assert not before.complete
-    await ca.request("recall", mid=mids[2])
+    await ca.until_taken("recall", mid=mids[2])
     assert not await offline.fill(c, 0, before.version, rows, whole=True)
     assert await redis_client.hget(KEYS.offline_meta(c), "floor") == str(mids[0]).encode()
     before = await offline.page(c, 0, 10)
