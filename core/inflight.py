@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-__all__ = ["InFlight"]
+__all__ = ["SHARE_S", "InFlight"]
+
+# How often each node shares its oldest mid that may still land (its "mark";
+# the mid of that moment when it has none in flight): a mark others hold can be
+# this old, and a sync held below one is asked again after it.
+SHARE_S = 0.5
 
 
 class InFlight:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from core.ids import MidGenerator
-from core.inflight import InFlight
+from core.inflight import SHARE_S, InFlight
 from core.ttl_cache import TtlCache
 from gateway import frames
 from gateway.auth import TokenVerifier
@@ -270,7 +270,8 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     edits = Edits(stores.messages, stores.offline, stores.groups, stores.group_cache,
                   s.edit_window_s)
     conversations = Conversations(chat, groups, s.sync_settle_ms, low_mark, reactions,
-                                  stores.conv_settings, stores.changes)
+                                  stores.conv_settings, stores.changes,
+                                  held_wait_s=SHARE_S + 0.1)  # past the marks' next share
     replay.low_mark = low_mark  # a replay reaches back to sends in flight
     live = LiveRooms(name, RoomRules.from_settings(s), metrics, room_hub, router, stores.rooms,
                      bindings,

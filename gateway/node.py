@@ -24,6 +24,7 @@ from websockets.asyncio.server import Server, serve
 
 from core.errors import Unavailable
 from core.ids import mid_for_time_ms
+from core.inflight import SHARE_S
 from gateway import frames, wire
 from gateway.app import App, Step, compose
 from gateway.chat.dead_sends import CLAIM_TTL_S, DeadSends
@@ -41,7 +42,7 @@ __all__ = ["Node", "StartupError"]
 
 log = logging.getLogger("gateway.node")
 REWRITE_RETRY_S = 0.25  # routes lost with Redis: the rewrite is tried again this often
-INFLIGHT_SHARE_S = 0.5  # how often the oldest mid in flight is shared (core.inflight)
+INFLIGHT_SHARE_S = SHARE_S  # how often the oldest mid in flight is shared (core.inflight)
 
 
 class StartupError(Exception):

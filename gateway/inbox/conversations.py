@@ -7,6 +7,7 @@ and ``GroupService`` for their halves.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class Conversations:
                  low_mark: Callable[[], int | None] = lambda: None,
                  reactions: Reactions | None = None,
                  settings: ConvSettingStore | None = None,
-                 changes: ChangeLog | None = None) -> None:
+                 changes: ChangeLog | None = None, *, held_wait_s: float = 0.0) -> None:
         self.chat = chat
         self.groups = groups
         self.reactions = reactions  # counts added to sync and history (None: none)
@@ -58,6 +59,11 @@ class Conversations:
         self.sync_settle_ms = sync_settle_ms
         # The oldest mid a send on any node may still store (``core.inflight``).
         self.low_mark = low_mark
+        # A full page held whole below that mark is read again once, after this
+        # long (the marks are shared every ``core.inflight.SHARE_S``): most holds
+        # are a send that lands in milliseconds, or another node's mark that is
+        # the mid of its last share; 0: answered held at once.
+        self.held_wait_s = held_wait_s
         # (user, n): the call was worth n more calls of the user's HTTP budget (a
         # user in many groups: its lists read every group's numbers). Set by the
         # HTTP API; a no-op elsewhere.
@@ -94,13 +100,29 @@ class Conversations:
         """Messages after ``since``, oldest first: the user's own store (1:1 and
         write-diffused groups) merged with its read-diffused groups.
 
-        The cursor's horizon is taken before anything is read: a send in flight
-        now may be stored, and no longer in flight, by the time slow reads end,
-        after they went by its mid; a horizon taken then would pass it by."""
+        A full page whose cursor the bound held where it was (``more`` with
+        ``next == since``: every message of it above a send that may still land)
+        is read again once after ``held_wait_s``, so a client walking a burst
+        page by page keeps moving; still held, it is answered so (the client
+        asks again later: ``docs/protocol.md``)."""
+        page, held = await self._sync(user, since, limit, changes)
+        if held and self.held_wait_s > 0:
+            await asyncio.sleep(self.held_wait_s)
+            page, held = await self._sync(user, since, limit, changes)
+        return page
+
+    async def _sync(self, user: str, since: int, limit: int, changes: bool
+                    ) -> tuple[SyncPage, bool]:
+        """A page, and whether the bound held its cursor back whole.
+
+        The cursor's horizon and bound are taken before anything is read: a send
+        in flight now may be stored, and no longer in flight, by the time slow
+        reads end, after they went by its mid; a bound taken then would pass it
+        by. A full page may take the cursor past the settle horizon, never past
+        the bound (``core.cursors``)."""
         horizon = mid_for_time_ms(int(time.time() * 1000) - self.sync_settle_ms)
         low = self.low_mark()
-        if low is not None:
-            horizon = min(horizon, low - 1)
+        bound = None if low is None else low - 1
         rows = await self.chat.sync_rows(user, since, limit + 1)
         extra, cut, groups = await self.groups.sync_rd(user, since, limit)
         self.charge(user, groups)
@@ -120,8 +142,11 @@ class Conversations:
         msgs = await self._with_reactions(msgs, mids)
         mids = positions
         more = more or cut is not None
-        return SyncPage(msgs, next_cursor(since, mids, more, horizon) if log_read else since,
-                        more)
+        if not log_read:
+            return SyncPage(msgs, since, more), False
+        cursor = next_cursor(since, mids, more, horizon, bound)
+        held = more and cursor == since and bound is not None and bool(mids) and mids[0] > bound
+        return SyncPage(msgs, cursor, more), held
 
     async def _changed(self, user: str, since: int, limit: int) -> list[tuple[int, Any]]:
         """(position, the message as it is now) of the messages changed after

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -19,7 +19,8 @@ from gateway.config import Settings
 from gateway.errors import ProtocolError
 from gateway.groups.service import SYNC_GROUP_READS
 from gateway.inbox.conversations import Conversations
-from store.records import ChatMessage
+from store.records import ChatMessage, GroupMessage
+from tests.core.fakes import settle
 from tests.core.world import World, build
 
 PAST_MS = 1_750_000_000_000  # the mids' clock: long settled (sync cursors may pass them)
@@ -184,6 +185,81 @@ async def test_a_send_stored_while_a_sync_reads_is_not_passed_by_its_cursor(
     chat.sync_rows = read  # type: ignore[method-assign]
     page = await conversations.sync("bob", page.next, 10)
     assert [plain(m)["body"] for m in page.msgs][:1] == ["d1"]
+
+
+async def test_a_full_page_does_not_take_the_cursor_past_a_send_in_flight(
+        world: World) -> None:
+    """A device catching up more than a page at once, while a group send below
+    the page's last message is in flight (stored in the group, not yet in the
+    members' boxes): the full page's cursor stays below that send, so the next
+    sync returns it. (A full page took the cursor to its last mid whatever was
+    in flight: seen in the fault schedule, a member's sync after a reconnect
+    passing four group messages diffused a moment later, whose pushes found
+    no connection of it.)"""
+    _, small = await groups_of_bob(world)  # dave and bob: write-diffused
+    chat, groups = world.chat, world.groups
+    first = (await chat.send("alice", "bob", "d0", "d0")).mid
+    gate = asyncio.Event()
+    diffuse = groups.diffusion.diffuse
+
+    async def slow_diffuse(msgs: Sequence[tuple[GroupMessage, bytes]]) -> None:
+        await gate.wait()
+        await diffuse(msgs)
+
+    groups.diffusion.diffuse = slow_diffuse  # type: ignore[method-assign]
+    sending = asyncio.create_task(groups.send("dave", small, "g1", "g1"))
+    assert await settle(lambda: groups.inflight.oldest(time.monotonic()) is not None)
+    held = groups.inflight.oldest(time.monotonic())
+    later = [(await chat.send("erin", "bob", f"d{i}", f"d{i}")).mid for i in (1, 2, 3)]
+    assert held is not None and first < held < later[0]
+
+    def low_mark() -> int | None:  # one InFlight per node in gateway.app; two here
+        now = time.monotonic()
+        return min([m for m in (chat.inflight.oldest(now), groups.inflight.oldest(now))
+                    if m is not None], default=None)
+
+    conversations = Conversations(chat, groups, 0, low_mark)
+    try:
+        page = await conversations.sync("bob", 0, 2)
+        assert [plain(m)["body"] for m in page.msgs] == ["d0", "d1"] and page.more
+        assert page.next == first, "a full page took the cursor past a send in flight"
+        above = await conversations.sync("bob", page.next, 2)  # all above it: held
+        assert [plain(m)["body"] for m in above.msgs] == ["d1", "d2"]
+        assert above.more and above.next == page.next
+    finally:
+        gate.set()  # (the world's close waits for the send)
+    assert (await sending).mid == held  # diffused, acked
+    page = await conversations.sync("bob", page.next, 10)
+    assert [plain(m)["body"] for m in page.msgs] == ["g1", "d1", "d2", "d3"]
+    assert not page.more and page.next == later[-1]
+
+
+async def test_a_page_held_whole_is_read_again_once_the_send_lands(world: World) -> None:
+    """A device walking a burst page by page while a send below it is in flight:
+    a page held whole below that send is read again after a moment (the node's
+    ``held_wait_s``), and once the send has landed it moves on, the send in it."""
+    _, small = await groups_of_bob(world)
+    chat, groups = world.chat, world.groups
+    gate = asyncio.Event()
+    diffuse = groups.diffusion.diffuse
+
+    async def slow_diffuse(msgs: Sequence[tuple[GroupMessage, bytes]]) -> None:
+        await gate.wait()
+        await diffuse(msgs)
+
+    groups.diffusion.diffuse = slow_diffuse  # type: ignore[method-assign]
+    sending = asyncio.create_task(groups.send("dave", small, "g1", "g1"))
+    assert await settle(lambda: groups.inflight.oldest(time.monotonic()) is not None)
+    held = groups.inflight.oldest(time.monotonic())
+    later = [(await chat.send("erin", "bob", f"d{i}", f"d{i}")).mid for i in (1, 2, 3)]
+    assert held is not None and held < later[0]
+    conversations = Conversations(chat, groups, 0, lambda: groups.inflight.oldest(
+        time.monotonic()), held_wait_s=0.2)
+    asyncio.get_running_loop().call_later(0.05, gate.set)  # it lands during the wait
+    page = await conversations.sync("bob", held - 1, 2)
+    assert (await sending).mid == held
+    assert [plain(m)["body"] for m in page.msgs] == ["g1", "d1"]
+    assert page.more and page.next == later[0]
 
 
 async def test_conversation_pages_cover_the_list_once_in_order(world: World) -> None:

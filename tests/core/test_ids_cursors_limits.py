@@ -65,7 +65,12 @@ def test_cursor_stays_behind_the_settle_horizon():
     assert next_cursor(10, [20, 30], False, 100) == 30
     assert next_cursor(10, [20, 150], False, 100) == 20  # 150 may still have company
     assert next_cursor(10, [120, 150], False, 100) == 10
-    assert next_cursor(10, [120, 150], True, 100) == 150  # a full page always advances
+    assert next_cursor(10, [120, 150], True, 100) == 150  # a full page passes the horizon
+    # ...never the bound (below a send that may still land): a page read now lacks it
+    assert next_cursor(10, [20, 150], False, 100, 30) == 20
+    assert next_cursor(10, [20, 150], False, 100, 5) == 10
+    assert next_cursor(10, [20, 120, 150], True, 100, 130) == 120
+    assert next_cursor(10, [120, 150], True, 100, 119) == 10
 
 
 def test_token_bucket():
