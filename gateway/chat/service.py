@@ -143,24 +143,30 @@ class ChatService:
                 raise ProtocolError("bad_request",
                                     "reply_to must be a message of this conversation")
         mid = self.mids.next()
-        prior = await self.claims.claim(sender, cmid, mid)
-        if prior is not None:
-            if prior.seq is not None:
+        # Sync cursors stay below it from now until it is acked: the claim and the
+        # product's hook may take longer than the settle time.
+        self.inflight.add(mid)
+        try:
+            prior = await self.claims.claim(sender, cmid, mid)
+            if prior is not None and prior.seq is not None:
                 raise ProtocolError("bad_request", "cmid was used for a group message")
-            if prior.acked:  # acked before: same mid, nothing stored
+            if prior is not None and prior.acked:  # acked before: same mid, nothing stored
+                self.inflight.done(mid)
                 self.metrics.sends.labels("duplicate").inc()
                 return await self._repeat(prior.mid)
             # In flight or failed earlier (maybe on a node that died): redone under
             # this send's fresh mid, as the old one may be below sync cursors handed
             # out meanwhile; MongoDB's unique (from, cmid) gives back the old one if
             # that attempt stored the message.
-        if vet is not None:
-            body = await vet(body)
+            if vet is not None:
+                body = await vet(body)
+        except BaseException:
+            self.inflight.done(mid)  # nothing was written under it
+            raise
         inflight = [mid]
         if prior is not None:  # the first attempt's mid may already be stored, not delivered
             inflight.append(prior.mid)
-        for m in inflight:
-            self.inflight.add(m)  # sync cursors stay below it until it is acked
+            self.inflight.add(prior.mid)
         try:
             msg = ChatMessage(mid, sender, to, cmid, body, reply_to=reply_to)
             stored = await self._writes.submit(msg)

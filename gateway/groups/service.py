@@ -158,16 +158,22 @@ class GroupService:
         if reply_to and await self.store.message(group, reply_to) is None:
             raise ProtocolError("bad_request", "reply_to must be a message of this conversation")
         mid = self.mids.next()
-        prior = await self.claims.claim(sender, cmid, mid)
-        if prior is not None:
-            if prior.acked and prior.seq is not None:
-                return await self._repeat(group, prior.mid, prior.seq)
-            if prior.acked:
+        # Sync cursors stay below it from now until it is acked: the claim and the
+        # product's hook may take longer than the settle time.
+        self.inflight.add(mid)
+        try:
+            prior = await self.claims.claim(sender, cmid, mid)
+            if prior is not None and prior.acked:
+                self.inflight.done(mid)
+                if prior.seq is not None:
+                    return await self._repeat(group, prior.mid, prior.seq)
                 raise ProtocolError("bad_request", "cmid was used for a 1:1 message")
             # In flight or failed earlier: a fresh mid, as for 1:1 (ChatService.send).
-        if vet is not None:  # the product's hook (not asked again for an acked resend)
-            body = await vet(body)
-        self.inflight.add(mid)  # sync cursors stay below it until it is acked
+            if vet is not None:  # the product's hook (not asked again for an acked resend)
+                body = await vet(body)
+        except BaseException:
+            self.inflight.done(mid)  # nothing was written under it
+            raise
         try:
             done = await self._writes.submit(_Pending(group, sender, cmid, body, mid, reply_to))
         except BaseException:

@@ -155,6 +155,45 @@ async def test_sync_cursors_stay_below_a_send_that_may_still_land(world: World) 
     assert page.next == third
 
 
+@pytest.mark.parametrize("kind", ["1:1", "group"])
+async def test_a_send_waiting_on_the_products_hook_is_not_passed_by_a_cursor(
+        world: World, kind: str) -> None:
+    """A send has its mid, then waits for the product's hook (or its claim in
+    Redis), longer than the settle time: a sync meanwhile keeps its cursor
+    below that mid, which lands once the hook answers. (The mid was marked in
+    flight only after the hook: a slow hook let the cursor pass it.)"""
+    chat, groups = world.chat, world.groups
+    _, small = await groups_of_bob(world)
+    first = (await chat.send("alice", "bob", "d0", "d0")).mid
+    gate, asked = asyncio.Event(), asyncio.Event()
+
+    async def slow_hook(body: Any) -> Any:
+        asked.set()
+        await gate.wait()
+        return body
+
+    sending: asyncio.Task[Any] = asyncio.create_task(
+        chat.send("erin", "bob", "h1", "h1", vet=slow_hook) if kind == "1:1"
+        else groups.send("dave", small, "h1", "h1", vet=slow_hook))
+
+    def low_mark() -> int | None:
+        now = time.monotonic()
+        return min([m for m in (chat.inflight.oldest(now), groups.inflight.oldest(now))
+                    if m is not None], default=None)
+
+    await asyncio.wait_for(asked.wait(), 5)  # its mid taken, the hook asked
+    later = (await chat.send("alice", "bob", "d2", "d2")).mid
+    conversations = Conversations(chat, groups, 0, low_mark)
+    page = await conversations.sync("bob", 0, 10)
+    assert [plain(m)["body"] for m in page.msgs] == ["d0", "d2"]
+    assert page.next == first, "the cursor passed a send waiting on the hook"
+    gate.set()
+    held = (await sending).mid
+    assert first < held < later
+    page = await conversations.sync("bob", page.next, 10)
+    assert [plain(m)["body"] for m in page.msgs] == ["h1", "d2"]
+
+
 async def test_a_send_stored_while_a_sync_reads_is_not_passed_by_its_cursor(
         world: World) -> None:
     """A send in flight when a sync starts, stored (and so no longer in flight)
