@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from core.ids import MidGenerator
-from core.inflight import SHARE_S, InFlight
+from core.inflight import InFlight
 from core.ttl_cache import TtlCache
 from gateway import frames
 from gateway.auth import TokenVerifier
@@ -45,7 +45,7 @@ from gateway.http.api import HttpDeps, build_http
 from gateway.http.guard import HttpLimits
 from gateway.http.server import ServerDeps
 from gateway.hub import Hub
-from gateway.inbox.conversations import Conversations
+from gateway.inbox.conversations import HELD_WAIT_S, Conversations
 from gateway.inbox.edits import Edits
 from gateway.inbox.ops import Features, MessageOps
 from gateway.inbox.reactions import Reactions
@@ -271,7 +271,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                   s.edit_window_s)
     conversations = Conversations(chat, groups, s.sync_settle_ms, low_mark, reactions,
                                   stores.conv_settings, stores.changes,
-                                  held_wait_s=SHARE_S + 0.1)  # past the marks' next share
+                                  held_wait_s=HELD_WAIT_S)
     replay.low_mark = low_mark  # a replay reaches back to sends in flight
     live = LiveRooms(name, RoomRules.from_settings(s), metrics, room_hub, router, stores.rooms,
                      bindings,

@@ -20,10 +20,29 @@ __all__ = ["PrivateServer", "free_port", "free_port_base", "port_free", "wait_po
 
 
 def free_port() -> int:
-    """A TCP port of 127.0.0.1 nobody listens on (at the time of asking)."""
-    with socket.socket() as s:
+    """A TCP port of 127.0.0.1 nobody uses (at the time of asking), below the
+    kernel's range of ephemeral ports: a server started on it later, or started
+    again after a kill, cannot find it taken as the local port of some outgoing
+    connection, as a port the kernel hands out for port 0 can be on a busy
+    machine (a fault-schedule node once could not restart for it). Picked at
+    random, so runs side by side rarely try the same one."""
+    low = _ephemeral_low()
+    pick = random.SystemRandom()
+    for _ in range(500):
+        port = pick.randrange(max(1024, low - 20_000), low)
+        if port_free(port):
+            return port
+    with socket.socket() as s:  # (the range below is full: any free one)
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 where unknown)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def port_free(port: int) -> bool:

@@ -8,6 +8,7 @@ and ``GroupService`` for their halves.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,8 +19,9 @@ import orjson
 from core import inbox
 from core.cursors import next_cursor
 from core.errors import Unavailable
-from core.ids import mid_for_time_ms
+from core.ids import mid_for_time_ms, mid_time_ms
 from core.inbox import Position
+from core.inflight import SHARE_S
 from core.seek_cursor import BadCursor, decode_cursor, encode_cursor
 from gateway.chat.service import ChatService
 from gateway.errors import ProtocolError
@@ -28,7 +30,9 @@ from gateway.inbox.reactions import Reactions
 from store.ports import ChangeLog, ConvSettingStore
 from store.records import ConvSettings
 
-__all__ = ["Conversations", "SyncPage"]
+__all__ = ["HELD_WAIT_S", "Conversations", "SyncPage"]
+
+log = logging.getLogger("gateway.inbox")
 
 GROUP_PREFIX = "g:"
 # A call that reads each of the caller's groups (a sync without its index of
@@ -36,6 +40,13 @@ GROUP_PREFIX = "g:"
 # moment on the node for a user in many groups) costs one more call of its
 # HTTP budget per this many groups read.
 GROUPS_PER_CALL = 1000
+# How long a full page held whole below a send in flight waits for the bound to
+# move (four of the marks' shares), and how often it looks.
+HELD_WAIT_S = 4 * SHARE_S
+HELD_POLL_S = 0.05
+# A mark older than this is not waited for: sends land in milliseconds to a
+# second or two; an older one is a send that failed (its mark lingers) or stuck.
+HELD_MARK_AGE_MS = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +56,17 @@ class SyncPage:
     more: bool
 
 
+def _mids(msgs: list[Any], positions: list[int]) -> list[int]:
+    return [m["mid"] if isinstance(m, dict) else p for m, p in zip(msgs, positions, strict=True)]
+
+
 class Conversations:
     def __init__(self, chat: ChatService, groups: GroupService, sync_settle_ms: int,
                  low_mark: Callable[[], int | None] = lambda: None,
                  reactions: Reactions | None = None,
                  settings: ConvSettingStore | None = None,
-                 changes: ChangeLog | None = None, *, held_wait_s: float = 0.0) -> None:
+                 changes: ChangeLog | None = None, *, held_wait_s: float = 0.0,
+                 held_mark_age_ms: int | None = HELD_MARK_AGE_MS) -> None:
         self.chat = chat
         self.groups = groups
         self.reactions = reactions  # counts added to sync and history (None: none)
@@ -59,11 +75,12 @@ class Conversations:
         self.sync_settle_ms = sync_settle_ms
         # The oldest mid a send on any node may still store (``core.inflight``).
         self.low_mark = low_mark
-        # A full page held whole below that mark is read again once, after this
-        # long (the marks are shared every ``core.inflight.SHARE_S``): most holds
-        # are a send that lands in milliseconds, or another node's mark that is
-        # the mid of its last share; 0: answered held at once.
+        # How long a full page held whole below that mark waits for it to move
+        # (``sync``); 0: not at all, the page passes it at once. A mark older than
+        # ``held_mark_age_ms`` is not waited for (None: any is; tests on a clock
+        # of their own).
         self.held_wait_s = held_wait_s
+        self.held_mark_age_ms = held_mark_age_ms
         # (user, n): the call was worth n more calls of the user's HTTP budget (a
         # user in many groups: its lists read every group's numbers). Set by the
         # HTTP API; a no-op elsewhere.
@@ -100,26 +117,47 @@ class Conversations:
         """Messages after ``since``, oldest first: the user's own store (1:1 and
         write-diffused groups) merged with its read-diffused groups.
 
-        A full page whose cursor the bound held where it was (``more`` with
-        ``next == since``: every message of it above a send that may still land)
-        is read again once after ``held_wait_s``, so a client walking a burst
-        page by page keeps moving; still held, it is answered so (the client
-        asks again later: ``docs/protocol.md``)."""
-        page, held = await self._sync(user, since, limit, changes)
-        if held and self.held_wait_s > 0:
-            await asyncio.sleep(self.held_wait_s)
-            page, held = await self._sync(user, since, limit, changes)
+        A full page's cursor stops below a send that may still land (the bound:
+        just below the cluster's low mark) and the page ends there, so a client
+        walking pages gets no message twice. A full page that lies whole above
+        the bound waits for it to move, up to ``held_wait_s`` (the marks are
+        shared every ``core.inflight.SHARE_S``; most holds are a send that lands
+        in milliseconds, or another node's mark as of its last share), and is
+        read again then; still held after that, or held by a mark older than
+        ``HELD_MARK_AGE_MS``, the page is answered as a full page always was,
+        its cursor at its last message: a client walking pages always moves."""
+        page, held = await self._sync(user, since, limit, changes, bounded=True)
+        if held is None:
+            return page
+        deadline = time.monotonic() + self.held_wait_s
+        while time.monotonic() < deadline:
+            low = self.low_mark()
+            age = self.held_mark_age_ms
+            if low is not None and age is not None \
+                    and mid_time_ms(low) < time.time() * 1000 - age:
+                break  # a send stuck that long (a failed one lingers 30 s): not waited for
+            await asyncio.sleep(HELD_POLL_S)
+            low = self.low_mark()
+            if low is None or low - 1 >= held:  # the bound moved: read again
+                page, held = await self._sync(user, since, limit, changes, bounded=True)
+                if held is None:
+                    return page
+        log.info("a sync of %s held below a send that may still land: its page passes it",
+                 user)
+        page, _ = await self._sync(user, since, limit, changes, bounded=False)
         return page
 
-    async def _sync(self, user: str, since: int, limit: int, changes: bool
-                    ) -> tuple[SyncPage, bool]:
-        """A page, and whether the bound held its cursor back whole.
+    async def _sync(self, user: str, since: int, limit: int, changes: bool, *,
+                    bounded: bool) -> tuple[SyncPage, int | None]:
+        """A page, and (when ``bounded``) the mid its cursor is held below whole
+        (None: not held).
 
         The cursor's horizon and bound are taken before anything is read: a send
         in flight now may be stored, and no longer in flight, by the time slow
         reads end, after they went by its mid; a bound taken then would pass it
-        by. A full page may take the cursor past the settle horizon, never past
-        the bound (``core.cursors``)."""
+        by. A page that is not full never passes the settle horizon nor the
+        bound; a full one may pass the horizon, and the bound only when not
+        ``bounded`` (``core.cursors``)."""
         horizon = mid_for_time_ms(int(time.time() * 1000) - self.sync_settle_ms)
         low = self.low_mark()
         bound = None if low is None else low - 1
@@ -137,16 +175,22 @@ class Conversations:
             rows = [r for r in rows if r[0] < cut]
             changed = [r for r in changed if r[0] < cut]
         msgs, positions, more = inbox.merge_sync(rows, [*extra, *changed], limit)
-        mids = [m["mid"] if isinstance(m, dict) else p for m, p in zip(msgs, positions,
-                                                                        strict=True)]
-        msgs = await self._with_reactions(msgs, mids)
-        mids = positions
         more = more or cut is not None
         if not log_read:
-            return SyncPage(msgs, since, more), False
-        cursor = next_cursor(since, mids, more, horizon, bound)
-        held = more and cursor == since and bound is not None and bool(mids) and mids[0] > bound
-        return SyncPage(msgs, cursor, more), held
+            msgs = await self._with_reactions(msgs, _mids(msgs, positions))
+            return SyncPage(msgs, since, more), None
+        if bound is not None and not more:
+            horizon = min(horizon, bound)
+        cursor = next_cursor(since, positions, more, horizon,
+                             bound if bounded and more else None)
+        if more and bound is not None and bounded:
+            if cursor == since and positions:
+                held = positions[0]
+                return SyncPage([], since, more), held
+            keep = [i for i, p in enumerate(positions) if p <= cursor]  # the rest: next page
+            msgs, positions = [msgs[i] for i in keep], [positions[i] for i in keep]
+        msgs = await self._with_reactions(msgs, _mids(msgs, positions))
+        return SyncPage(msgs, cursor, more), None
 
     async def _changed(self, user: str, since: int, limit: int) -> list[tuple[int, Any]]:
         """(position, the message as it is now) of the messages changed after

@@ -257,18 +257,22 @@ async def test_a_full_page_does_not_take_the_cursor_past_a_send_in_flight(
         return min([m for m in (chat.inflight.oldest(now), groups.inflight.oldest(now))
                     if m is not None], default=None)
 
-    conversations = Conversations(chat, groups, 0, low_mark)
+    conversations = Conversations(chat, groups, 0, low_mark, held_wait_s=0.05,
+                                  held_mark_age_ms=None)  # (the world's mids are old)
     try:
+        # The page ends below the send: d1 comes with the next page, not twice.
         page = await conversations.sync("bob", 0, 2)
-        assert [plain(m)["body"] for m in page.msgs] == ["d0", "d1"] and page.more
+        assert [plain(m)["body"] for m in page.msgs] == ["d0"] and page.more
         assert page.next == first, "a full page took the cursor past a send in flight"
-        above = await conversations.sync("bob", page.next, 2)  # all above it: held
+        # A page whole above it waits for it (here 0.05 s), then passes it: a
+        # client walking pages always moves (the send comes by its push).
+        above = await conversations.sync("bob", page.next, 2)
         assert [plain(m)["body"] for m in above.msgs] == ["d1", "d2"]
-        assert above.more and above.next == page.next
+        assert above.more and above.next == later[1]
     finally:
         gate.set()  # (the world's close waits for the send)
     assert (await sending).mid == held  # diffused, acked
-    page = await conversations.sync("bob", page.next, 10)
+    page = await conversations.sync("bob", first, 10)
     assert [plain(m)["body"] for m in page.msgs] == ["g1", "d1", "d2", "d3"]
     assert not page.more and page.next == later[-1]
 
@@ -293,12 +297,27 @@ async def test_a_page_held_whole_is_read_again_once_the_send_lands(world: World)
     later = [(await chat.send("erin", "bob", f"d{i}", f"d{i}")).mid for i in (1, 2, 3)]
     assert held is not None and held < later[0]
     conversations = Conversations(chat, groups, 0, lambda: groups.inflight.oldest(
-        time.monotonic()), held_wait_s=0.2)
+        time.monotonic()), held_wait_s=0.2, held_mark_age_ms=None)  # (old mids)
     asyncio.get_running_loop().call_later(0.05, gate.set)  # it lands during the wait
     page = await conversations.sync("bob", held - 1, 2)
     assert (await sending).mid == held
     assert [plain(m)["body"] for m in page.msgs] == ["g1", "d1"]
     assert page.more and page.next == later[0]
+
+
+async def test_a_page_held_by_an_old_mark_passes_it_without_waiting(world: World) -> None:
+    """A mark older than ``held_mark_age_ms`` (a send that failed lingers 30 s)
+    is not waited for: a page whole above it passes it at once."""
+    chat = world.chat
+    stuck = chat.mids.next()  # a send that failed, its mark lingering
+    chat.inflight.add(stuck)
+    chat.inflight.failed(stuck, time.monotonic())
+    later = [(await chat.send("alice", "bob", f"d{i}", f"d{i}")).mid for i in range(3)]
+    conversations = Conversations(chat, world.groups, 0, lambda: chat.inflight.oldest(
+        time.monotonic()), held_wait_s=60, held_mark_age_ms=1)  # the world's mids: old
+    page = await asyncio.wait_for(conversations.sync("bob", stuck, 2), 10)  # not 60 s
+    assert [plain(m)["body"] for m in page.msgs] == ["d0", "d1"]
+    assert page.more and page.next == later[1]
 
 
 async def test_conversation_pages_cover_the_list_once_in_order(world: World) -> None:

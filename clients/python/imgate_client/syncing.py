@@ -23,7 +23,6 @@ __all__ = ["Syncing"]
 SYNC_TRIES = 3
 RESYNC_FIRST_S = 1.0  # after those tries: again in the background, doubling to
 RESYNC_MAX_S = 30.0  # this, while the connection lasts
-HELD_MAX_S = 5.0  # a sync held back (``Inbox.held_back``): again, doubling to this
 
 
 class Syncing:
@@ -89,10 +88,7 @@ class Syncing:
     async def _sync_after_connect(self) -> int:
         for attempt in range(SYNC_TRIES):
             try:
-                synced = await self._sync_pages()
-                if self.inbox.held_back:  # the rest once the send it is held below lands
-                    self._spawn(self._resync(self._gen, HELD_MAX_S))
-                return synced
+                return await self._sync_pages()
             except (HttpError, OSError, TimeoutError, ValueError) as exc:
                 if attempt == SYNC_TRIES - 1 or self.stopped is not None:
                     self._release_held()
@@ -119,22 +115,20 @@ class Syncing:
                 await self._background_sync()
             return
 
-    async def _resync(self, gen: int, most: float = RESYNC_MAX_S) -> None:
+    async def _resync(self, gen: int) -> None:
         """The sync after connect ``gen`` failed every try (a dependency of the
-        node down longer than they last), or the node held its cursor back with
-        more to read (``Inbox.held_back``): tried again, 1 s doubling to ``most``,
-        until it reads to the end or that connection is gone (the next connect
-        syncs)."""
+        node down longer than they last): tried again, 1 s doubling to 30 s,
+        until it succeeds or that connection is gone (the next connect syncs)."""
         delay = RESYNC_FIRST_S
         while True:
             await asyncio.sleep(delay)
             if self.stopped is not None or self._gen != gen:
                 return
-            with contextlib.suppress(HttpError, OSError, TimeoutError, ValueError):
+            try:
                 await self._sync_pages()
-                if not self.inbox.held_back:
-                    return
-            delay = min(most, delay * 2)
+                return
+            except (HttpError, OSError, TimeoutError, ValueError):
+                delay = min(RESYNC_MAX_S, delay * 2)
 
     def _release_held(self) -> None:
         for f in self.inbox.end_sync():

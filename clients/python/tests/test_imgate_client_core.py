@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import random
-from typing import Any
 
 import orjson
 import pytest
@@ -233,51 +232,6 @@ def test_a_page_that_does_not_move_ends_the_sync():
     _, more = ib.on_sync_page({"msgs": [], "next": 0, "more": True})
     assert more is False
     assert ib.sync_params(50) == {"since": 0, "limit": 50, "changes": 1}
-
-
-def test_a_full_page_the_node_holds_back_is_said_so() -> None:
-    ib = Inbox(since=10)
-    ib.begin_sync()
-    _, more = ib.on_sync_page({"msgs": [msg(12), msg(13)], "next": 10, "more": True})
-    assert more is False and ib.held_back  # held below a send in flight: ask again later
-    _, more = ib.on_sync_page({"msgs": [msg(11), msg(12)], "next": 12, "more": True})
-    assert more and not ib.held_back
-
-
-def test_a_sync_held_back_after_connect_is_tried_again_until_it_reads_to_the_end(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from imgate_client import Client, Message, syncing
-
-    monkeypatch.setattr(syncing, "RESYNC_FIRST_S", 0.01)
-    pages = [  # pages of 2; a send in flight below 12 holds the cursor at 10, then lands
-        {"msgs": [msg(10), msg(12)], "next": 10, "more": True},
-        {"msgs": [msg(12), msg(13)], "next": 10, "more": True},
-        {"msgs": [msg(12), msg(13)], "next": 10, "more": True},
-        {"msgs": [msg(11), msg(12)], "next": 12, "more": True},
-        {"msgs": [msg(13), msg(14)], "next": 14, "more": False},
-    ]
-    asked: list[int] = []
-
-    async def run() -> list[int]:
-        got: list[int] = []
-        c = Client(["ws://127.0.0.1:9/ws"], http_urls=["http://127.0.0.1:9"],
-                   token=jwt_of({"sub": "b"}),
-                   on_event=lambda ev: got.append(ev.mid) if isinstance(ev, Message) else None)
-
-        async def http(method: str, path: str, **kw: Any) -> dict[str, Any]:
-            asked.append(kw["params"]["since"])
-            return pages.pop(0)
-
-        c.http = http  # type: ignore[method-assign]
-        assert await c._sync_after_connect() == 3  # 10, 12, 13; then held back
-        while c._tasks:
-            await asyncio.wait(list(c._tasks))
-        assert c.cursor == 14 and not pages
-        await c.close()
-        return got
-
-    assert asyncio.run(run()) == [10, 12, 13, 11, 14]
-    assert asked == [0, 10, 10, 10, 12]
 
 
 def test_the_dedup_window_is_bounded_and_asks_for_a_sync():

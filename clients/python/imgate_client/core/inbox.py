@@ -56,10 +56,6 @@ class Inbox:
         self._changed: list[Frame] = []  # sync entries of mids delivered, changed since
         self._pages = 0
         self.evicted = 0  # mids forgotten for room before a sync covered them
-        # The last page said "more" but did not move the cursor: the node holds it
-        # below a send that may still land, and the messages past that page come
-        # with a sync once it has (or its mark has lapsed).
-        self.held_back = False
 
     # -- dedup -----------------------------------------------------------------
     def fresh(self, mid: int) -> bool:
@@ -183,7 +179,6 @@ class Inbox:
         if moved:
             self.cursor = nxt  # type: ignore[assignment]
             self._above = sum(1 for m in self._seen if m > self.cursor)
-        self.held_back = bool(page.get("more")) and not moved
         self._pages += 1
         return out, bool(page.get("more")) and moved and self._pages < self.max_pages
 
