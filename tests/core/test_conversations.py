@@ -226,18 +226,13 @@ async def test_a_send_stored_while_a_sync_reads_is_not_passed_by_its_cursor(
     assert [plain(m)["body"] for m in page.msgs][:1] == ["d1"]
 
 
-async def test_a_full_page_does_not_take_the_cursor_past_a_send_in_flight(
-        world: World) -> None:
-    """A device catching up more than a page at once, while a group send below
-    the page's last message is in flight (stored in the group, not yet in the
-    members' boxes): the full page's cursor stays below that send, so the next
-    sync returns it. (A full page took the cursor to its last mid whatever was
-    in flight: seen in the fault schedule, a member's sync after a reconnect
-    passing four group messages diffused a moment later, whose pushes found
-    no connection of it.)"""
+async def group_send_in_flight(world: World) -> tuple[asyncio.Task[Any], int, asyncio.Event,
+                                                      list[int]]:
+    """A write-diffused group send to bob held in flight (stored in the group,
+    not yet in the members' boxes until ``gate`` is set), then three 1:1 sends
+    to bob after it: (the send's task, its mid, the gate, the later mids)."""
     _, small = await groups_of_bob(world)  # dave and bob: write-diffused
     chat, groups = world.chat, world.groups
-    first = (await chat.send("alice", "bob", "d0", "d0")).mid
     gate = asyncio.Event()
     diffuse = groups.diffusion.diffuse
 
@@ -250,7 +245,23 @@ async def test_a_full_page_does_not_take_the_cursor_past_a_send_in_flight(
     assert await settle(lambda: groups.inflight.oldest(time.monotonic()) is not None)
     held = groups.inflight.oldest(time.monotonic())
     later = [(await chat.send("erin", "bob", f"d{i}", f"d{i}")).mid for i in (1, 2, 3)]
-    assert held is not None and first < held < later[0]
+    assert held is not None and held < later[0]
+    return sending, held, gate, later
+
+
+async def test_a_full_page_does_not_take_the_cursor_past_a_send_in_flight(
+        world: World) -> None:
+    """A device catching up more than a page at once, while a group send below
+    the page's last message is in flight (stored in the group, not yet in the
+    members' boxes): the full page's cursor stays below that send, so the next
+    sync returns it. (A full page took the cursor to its last mid whatever was
+    in flight: seen in the fault schedule, a member's sync after a reconnect
+    passing four group messages diffused a moment later, whose pushes found
+    no connection of it.)"""
+    chat, groups = world.chat, world.groups
+    first = (await chat.send("alice", "bob", "d0", "d0")).mid
+    sending, held, gate, later = await group_send_in_flight(world)
+    assert first < held
 
     def low_mark() -> int | None:  # one InFlight per node in gateway.app; two here
         now = time.monotonic()
@@ -281,21 +292,8 @@ async def test_a_page_held_whole_is_read_again_once_the_send_lands(world: World)
     """A device walking a burst page by page while a send below it is in flight:
     a page held whole below that send is read again after a moment (the node's
     ``held_wait_s``), and once the send has landed it moves on, the send in it."""
-    _, small = await groups_of_bob(world)
     chat, groups = world.chat, world.groups
-    gate = asyncio.Event()
-    diffuse = groups.diffusion.diffuse
-
-    async def slow_diffuse(msgs: Sequence[tuple[GroupMessage, bytes]]) -> None:
-        await gate.wait()
-        await diffuse(msgs)
-
-    groups.diffusion.diffuse = slow_diffuse  # type: ignore[method-assign]
-    sending = asyncio.create_task(groups.send("dave", small, "g1", "g1"))
-    assert await settle(lambda: groups.inflight.oldest(time.monotonic()) is not None)
-    held = groups.inflight.oldest(time.monotonic())
-    later = [(await chat.send("erin", "bob", f"d{i}", f"d{i}")).mid for i in (1, 2, 3)]
-    assert held is not None and held < later[0]
+    sending, held, gate, later = await group_send_in_flight(world)
     conversations = Conversations(chat, groups, 0, lambda: groups.inflight.oldest(
         time.monotonic()), held_wait_s=0.2, held_mark_age_ms=None)  # (old mids)
     asyncio.get_running_loop().call_later(0.05, gate.set)  # it lands during the wait
