@@ -23,15 +23,22 @@ class InFlight:
         self.linger_s = linger_s
         self._live: Counter[int] = Counter()  # mid -> sends in flight under it
         self._failed: dict[int, float] = {}  # mid -> when it may be forgotten
+        self._kept: set[int] = set()  # failed sends a finisher keeps until found or given up
 
     def add(self, mid: int) -> None:
         self._live[mid] += 1
+
+    def keep(self, mid: int) -> None:
+        """A failed send that may still land, held until ``done`` (the node's
+        finisher of failed sends: ``gateway.chat.unfinished``)."""
+        self._kept.add(mid)
 
     def done(self, mid: int) -> None:
         """Acked: it is stored, so nothing under ``mid`` can land later (another
         send of it in flight is a resend, idempotent)."""
         self._live.pop(mid, None)
         self._failed.pop(mid, None)
+        self._kept.discard(mid)
 
     def failed(self, mid: int, now: float) -> None:
         """Not acked: it may still land until ``now + linger_s``."""
@@ -42,7 +49,13 @@ class InFlight:
         """The lowest mid that may still land, or None."""
         for mid in [m for m, until in self._failed.items() if until <= now]:
             del self._failed[mid]
-        return min([*self._live, *self._failed], default=None)
+        return min([*self._live, *self._failed, *self._kept], default=None)
+
+    def oldest_live(self) -> int | None:
+        """The lowest mid of a send under way (not one that failed): what a sync
+        page waits for (a send lands in milliseconds to seconds; a failed one
+        may linger 30 s)."""
+        return min(self._live, default=None)
 
     def _drop(self, mid: int) -> None:
         n = self._live[mid] - 1

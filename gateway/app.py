@@ -113,6 +113,7 @@ class App:
     stuck_close_s: float = 30.0  # a socket skipped for backlog this long is closed
     inflight: InFlight = field(default_factory=InFlight)  # this node's sends (core.inflight)
     marks: dict[str, int] = field(default_factory=dict)  # the other nodes' oldest in flight
+    live_marks: dict[str, int] = field(default_factory=dict)  # of their sends under way
     hooks: Hooks | None = None  # the product's hooks (their HTTP client)
     devices: Devices | None = None  # the login policy (its claims and releases in flight)
     unfinished: UnfinishedSends | None = None  # failed sends the node finishes itself
@@ -260,10 +261,15 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                              AdminLimits.from_settings(s), stores.quotas, refused=refused,
                              may_not_add=relations.refused_adds, news=stores.group_news)
     marks: dict[str, int] = {}  # the other nodes' oldest mid in flight (Node shares them)
+    live_marks: dict[str, int] = {}  # theirs of sends under way (failed ones left out)
 
     def low_mark() -> int | None:
         own = inflight.oldest(time.monotonic())
         return min([*marks.values(), *([own] if own is not None else [])], default=None)
+
+    def live_mark() -> int | None:
+        own = inflight.oldest_live()
+        return min([*live_marks.values(), *([own] if own is not None else [])], default=None)
 
     reactions = Reactions(stores.reactions, stores.messages, stores.groups, stores.group_cache,
                           s.reaction_emoji_max)
@@ -271,7 +277,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
                   s.edit_window_s)
     conversations = Conversations(chat, groups, s.sync_settle_ms, low_mark, reactions,
                                   stores.conv_settings, stores.changes,
-                                  held_wait_s=HELD_WAIT_S)
+                                  held_wait_s=HELD_WAIT_S, live_mark=live_mark)
     replay.low_mark = low_mark  # a replay reaches back to sends in flight
     live = LiveRooms(name, RoomRules.from_settings(s), metrics, room_hub, router, stores.rooms,
                      bindings,
@@ -359,6 +365,7 @@ def compose(settings: Settings, stores: Stores, metrics: NodeMetrics, *, name: s
     app = App(hub, room_hub, group_hub, bindings, router, mids, claims, chat, groups, presence,
               conversations, live, feed, registry, replay, sessions, http, events, watch,
               watchers, stuck_close_s=s.stuck_close_s, inflight=inflight, marks=marks,
+              live_marks=live_marks,
               hooks=hooks, devices=devices, unfinished=unfinished)
     router.when_resumed(lambda _lost_at: bindings.resumed(app.keys_in_use))  # checked again
     return app

@@ -362,17 +362,19 @@ class Node:
         """This node's oldest mid in flight to the others, theirs here (the live
         ones: a dead node's sends died with it, and its entry is dropped)."""
         app = self.app
+        # Nothing in flight: the mark is now, below every mid a send begun
+        # before the next share takes. Were it left out, a send begun in
+        # between by a node then killed (stored in MongoDB, not yet in the
+        # offline stores) would have no mark to redeliver it from, nor to
+        # hold cursors below it. The live mark leaves out failed sends (whose
+        # marks linger): a full sync page waits for it (``Conversations.sync``).
+        moment = mid_for_time_ms(int(time.time() * 1000))
         oldest = app.inflight.oldest(time.monotonic())
-        if oldest is None:
-            # Nothing in flight: the mark is now, below every mid a send begun
-            # before the next share takes. Were it left out, a send begun in
-            # between by a node then killed (stored in MongoDB, not yet in the
-            # offline stores) would have no mark to redeliver it from, nor to
-            # hold cursors below it.
-            oldest = mid_for_time_ms(int(time.time() * 1000))
+        under_way = app.inflight.oldest_live()
         try:
-            shared = await self.stores.nodes.share_inflight(
-                self.name, oldest, self._dead_marks)
+            shared, shared_live = await self.stores.nodes.share_inflight(
+                self.name, moment if oldest is None else oldest, self._dead_marks,
+                moment if under_way is None else under_way)
         except Unavailable:
             app.replay.note_low_mark(time.time())
             return  # Redis is down: the heartbeat says so; no send completes meanwhile
@@ -389,6 +391,9 @@ class Node:
         app.marks.clear()
         app.marks.update({n: m for n, m in others.items() if n in live})
         app.marks.update(held)
+        app.live_marks.clear()
+        app.live_marks.update({n: m for n, m in shared_live.items() if n in live})
+        app.live_marks.update(held)
         app.replay.note_low_mark(now)
 
     async def healthy(self) -> bool:

@@ -265,7 +265,8 @@ class Keys:
         return f"{self.ns}:nodes"
 
     def inflight(self) -> str:
-        """Sorted set: node name -> the oldest mid its sends may still store."""
+        """Sorted set: node name -> the oldest mid its sends may still store, and
+        node name + ``+live`` -> the oldest of its sends under way."""
         return f"{self.ns}:inflight"
 
     def dead_sends_claim(self, node: str) -> str:

@@ -49,6 +49,13 @@ class NodeLeaseRedis:
                 await self.redis.delete(self.keys.node_lease(self.number))
 
 
+LIVE = "+live"  # the member of a node's live mark in ``Keys.inflight``
+
+
+def live_member(node: str) -> str:
+    return node + LIVE
+
+
 class NodeDirectoryRedis:
     """Heartbeats: ``ns:nodes`` zset of node name -> heartbeat expiry."""
 
@@ -62,12 +69,17 @@ class NodeDirectoryRedis:
         grace) instead of when its heartbeat would have lapsed."""
         async with redis_guard():
             await self.redis.zadd(self.keys.nodes(), {node: time.time()})
-            await self.redis.zrem(self.keys.inflight(), node)
+            await self.redis.zrem(self.keys.inflight(), node, live_member(node))
 
     async def share_inflight(self, node: str, oldest: int | None,
-                             forget: Sequence[str] = ()) -> dict[str, int]:
-        """Publish this node's oldest mid in flight (None: none), drop the entries
-        of ``forget`` (dead nodes), and read every node's (one round trip)."""
+                             forget: Sequence[str] = (), live: int | None = None
+                             ) -> tuple[dict[str, int], dict[str, int]]:
+        """Publish this node's oldest mid that may still land and its oldest of
+        sends under way (``live``; None: none), drop the entries of ``forget``
+        (dead nodes), and read every node's: (oldest marks, live marks), one
+        round trip. Both in one sorted set: a live mark's member is the node's
+        name and ``LIVE`` (nodes that do not share one are left out of the
+        second map)."""
         key = self.keys.inflight()
         async with redis_guard():
             pipe = self.redis.pipeline(transaction=False)
@@ -75,11 +87,23 @@ class NodeDirectoryRedis:
                 pipe.zrem(key, node)
             else:
                 pipe.zadd(key, {node: oldest})
+            if live is None:
+                pipe.zrem(key, live_member(node))
+            else:
+                pipe.zadd(key, {live_member(node): live})
             if forget:
-                pipe.zrem(key, *forget)
+                pipe.zrem(key, *forget, *map(live_member, forget))
             pipe.zrange(key, 0, -1, withscores=True)
             *_, marks = await pipe.execute()
-        return {n.decode(): int(score) for n, score in marks}
+        oldest_marks: dict[str, int] = {}
+        live_marks: dict[str, int] = {}
+        for member, score in marks:
+            name = member.decode()
+            if name.endswith(LIVE):
+                live_marks[name.removesuffix(LIVE)] = int(score)
+            else:
+                oldest_marks[name] = int(score)
+        return oldest_marks, live_marks
 
     async def claim_dead(self, dead: str, node: str, ttl_s: float) -> bool:
         """``SET NX GET PX`` (one round trip): one live node at a time reads a
@@ -99,4 +123,4 @@ class NodeDirectoryRedis:
     async def forget_marks(self, nodes: Sequence[str]) -> None:
         if nodes:
             async with redis_guard():
-                await self.redis.zrem(self.keys.inflight(), *nodes)
+                await self.redis.zrem(self.keys.inflight(), *nodes, *map(live_member, nodes))

@@ -337,8 +337,10 @@ class NodeDirectory(Protocol):
     async def leave(self, node: str) -> None: ...
 
     async def share_inflight(self, node: str, oldest: int | None,
-                             forget: Sequence[str] = ()) -> dict[str, int]:
-        """Publish ``node``'s oldest mid in flight, drop ``forget``'s, read all."""
+                             forget: Sequence[str] = (), live: int | None = None
+                             ) -> tuple[dict[str, int], dict[str, int]]:
+        """Publish ``node``'s oldest mid that may still land and its oldest of
+        sends under way (``live``), drop ``forget``'s, read all: (oldest, live)."""
         ...
 
     async def claim_dead(self, dead: str, node: str, ttl_s: float) -> bool:

@@ -70,7 +70,7 @@ class UnfinishedSends:
                 dropped += 1
             else:
                 self._pending[mid] = until
-                self.inflight.add(mid)
+                self.inflight.keep(mid)
         if dropped:
             self.count("dropped", dropped)
         if self._pending and not self._closed and (self._task is None or self._task.done()):

@@ -66,7 +66,8 @@ class Conversations:
                  reactions: Reactions | None = None,
                  settings: ConvSettingStore | None = None,
                  changes: ChangeLog | None = None, *, held_wait_s: float = 0.0,
-                 held_mark_age_ms: int | None = HELD_MARK_AGE_MS) -> None:
+                 held_mark_age_ms: int | None = HELD_MARK_AGE_MS,
+                 live_mark: Callable[[], int | None] | None = None) -> None:
         self.chat = chat
         self.groups = groups
         self.reactions = reactions  # counts added to sync and history (None: none)
@@ -81,6 +82,9 @@ class Conversations:
         # of their own).
         self.held_wait_s = held_wait_s
         self.held_mark_age_ms = held_mark_age_ms
+        # The oldest mid of a send under way on any node (failed ones left out:
+        # their marks linger): what a full page stops below. None: ``low_mark``.
+        self.live_mark = live_mark if live_mark is not None else low_mark
         # (user, n): the call was worth n more calls of the user's HTTP budget (a
         # user in many groups: its lists read every group's numbers). Set by the
         # HTTP API; a no-op elsewhere.
@@ -117,9 +121,10 @@ class Conversations:
         """Messages after ``since``, oldest first: the user's own store (1:1 and
         write-diffused groups) merged with its read-diffused groups.
 
-        A full page's cursor stops below a send that may still land (the bound:
-        just below the cluster's low mark) and the page ends there, so a client
-        walking pages gets no message twice. A full page that lies whole above
+        A full page's cursor stops below a send under way on any node (the
+        bound: just below the live mark, which leaves out failed sends whose
+        marks linger) and the page ends there, so a client walking pages gets
+        no message twice. A full page that lies whole above
         the bound waits for it to move, up to ``held_wait_s`` (the marks are
         shared every ``core.inflight.SHARE_S``; most holds are a send that lands
         in milliseconds, or another node's mark as of its last share), and is
@@ -131,13 +136,13 @@ class Conversations:
             return page
         deadline = time.monotonic() + self.held_wait_s
         while time.monotonic() < deadline:
-            low = self.low_mark()
+            low = self.live_mark()
             age = self.held_mark_age_ms
             if low is not None and age is not None \
                     and mid_time_ms(low) < time.time() * 1000 - age:
-                break  # a send stuck that long (a failed one lingers 30 s): not waited for
+                break  # a send under way that long is stuck: not waited for
             await asyncio.sleep(HELD_POLL_S)
-            low = self.low_mark()
+            low = self.live_mark()
             if low is None or low - 1 >= held:  # the bound moved: read again
                 page, held = await self._sync(user, since, limit, changes, bounded=True)
                 if held is None:
@@ -156,11 +161,12 @@ class Conversations:
         in flight now may be stored, and no longer in flight, by the time slow
         reads end, after they went by its mid; a bound taken then would pass it
         by. A page that is not full never passes the settle horizon nor the
-        bound; a full one may pass the horizon, and the bound only when not
-        ``bounded`` (``core.cursors``)."""
+        low mark; a full one may pass the horizon, and the live mark only when
+        not ``bounded`` (``core.cursors``)."""
         horizon = mid_for_time_ms(int(time.time() * 1000) - self.sync_settle_ms)
-        low = self.low_mark()
+        low, live = self.low_mark(), self.live_mark()
         bound = None if low is None else low - 1
+        full_bound = None if live is None else live - 1
         rows = await self.chat.sync_rows(user, since, limit + 1)
         extra, cut, groups = await self.groups.sync_rd(user, since, limit)
         self.charge(user, groups)
@@ -182,8 +188,8 @@ class Conversations:
         if bound is not None and not more:
             horizon = min(horizon, bound)
         cursor = next_cursor(since, positions, more, horizon,
-                             bound if bounded and more else None)
-        if more and bound is not None and bounded:
+                             full_bound if bounded and more else None)
+        if more and full_bound is not None and bounded:
             if cursor == since and positions:
                 held = positions[0]
                 return SyncPage([], since, more), held

@@ -318,6 +318,36 @@ async def test_a_page_held_by_an_old_mark_passes_it_without_waiting(world: World
     assert page.more and page.next == later[1]
 
 
+async def test_a_full_page_stops_below_a_send_under_way_not_a_failed_one(
+        world: World) -> None:
+    """A failed send's mark lingers (it may still land) and holds pages that are
+    not full; a full page stops only below a send under way (the live mark), so
+    a lingering failure does not stop a device walking pages from moving, nor
+    let it pass a send under way."""
+    chat, groups = world.chat, world.groups
+    failed = chat.mids.next()
+    chat.inflight.add(failed)
+    chat.inflight.failed(failed, time.monotonic())  # lingers 30 s
+    first = (await chat.send("alice", "bob", "d0", "d0")).mid
+    sending, held, gate, later = await group_send_in_flight(world)
+    now = time.monotonic
+    conversations = Conversations(
+        chat, groups, 0, lambda: min(m for m in (chat.inflight.oldest(now()),
+                                                 groups.inflight.oldest(now())) if m),
+        held_wait_s=0.05, held_mark_age_ms=None,
+        live_mark=lambda: groups.inflight.oldest_live())
+    try:
+        page = await conversations.sync("bob", 0, 2)  # full: past the failed one
+        assert [plain(m)["body"] for m in page.msgs] == ["d0"] and page.next == first
+        short = await conversations.sync("bob", 0, 10)  # not full: below the failed one
+        assert short.next < failed < first
+    finally:
+        gate.set()
+    assert (await sending).mid == held
+    page = await conversations.sync("bob", first, 10)
+    assert [plain(m)["body"] for m in page.msgs] == ["g1", "d1", "d2", "d3"]
+
+
 async def test_conversation_pages_cover_the_list_once_in_order(world: World) -> None:
     big, small = await groups_of_bob(world)
     quiet, _ = await world.admin.create("alice", "quiet", ["bob", "carol"])  # no message
