@@ -184,12 +184,15 @@ class Client(Rooming, Ops, Syncing, Sending):
                 with contextlib.suppress(Disconnected, TimeoutError):
                     await asyncio.wait_for(self._flush_acks(conn), 1)
             self._stop(1000, "closed by the client")
-        if self._run_task is not None:
-            self._run_task.cancel()
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*(t for t in [self._run_task, *self._tasks] if t is not None),
-                             return_exceptions=True)
+        # Cancelled again until done: a task can miss one cancellation (an
+        # application's get_token that catches it; asyncio.wait_for on 3.11, when
+        # its inner future completes at the moment it is cancelled), and each of
+        # our loops ends once ``stopped`` is set.
+        pending = {t for t in [self._run_task, *self._tasks] if t is not None}
+        while pending:
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1.0)
         if self._conn is not None:
             await self._conn.close()
         for h in self._http.values():
@@ -362,13 +365,13 @@ class Client(Rooming, Ops, Syncing, Sending):
     async def _refresher(self, conn: Connection) -> None:
         """Before the token expires: a new one from ``get_token``, sent as ``refresh``."""
         assert self.get_token is not None and self.refresh_ahead is not None
-        while not conn.closed and self._token is not None:
+        while self.stopped is None and not conn.closed and self._token is not None:
             exp = token_expiry(self._token)
             if exp is None:
                 return
             left = exp - time.time()
             await asyncio.sleep(max(left - self.refresh_ahead, left / 2, 0.0))
-            if conn.closed:
+            if conn.closed or self.stopped is not None:
                 return
             try:
                 token = await self.get_token()

@@ -139,7 +139,10 @@ class Connection:
         self._waiting[rid] = fut
         try:
             await self.ws.send(data if isinstance(data, str) else data.decode())
-            return await asyncio.wait_for(fut, timeout)
+            # Not wait_for: on 3.11 it can swallow a cancellation that comes as
+            # the reply does, and the caller's loop would go on.
+            async with asyncio.timeout(timeout):
+                return await fut
         except ConnectionClosed as exc:
             raise Disconnected("connection closed") from exc
         finally:

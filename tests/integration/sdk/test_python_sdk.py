@@ -8,6 +8,7 @@ rejoined with ``since``, and the close codes (4001 -> get_token -> reconnect,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -394,6 +395,29 @@ async def test_the_token_is_refreshed_before_it_expires(make_node, sdk):
     assert ca.connects == 1
     assert not [e for e in ca.q.drain() if isinstance(e, ConnectionLost)]
     assert (await ca.request("ping"))["op"] == "pong"
+
+
+async def test_close_ends_a_refresher_whose_get_token_kept_the_cancellation(make_node, sdk):
+    """``close`` returns while the token refresher is inside a ``get_token`` that
+    catches the cancellation and returns a token all the same (an application's
+    code can; so can ``asyncio.wait_for`` on 3.11 when its inner future completes
+    as it is cancelled). Before, the refresher went on refreshing on the still
+    open connection and ``close`` waited for it for ever."""
+    node = await make_node()
+    a = uid("a")
+    inside = asyncio.Event()
+
+    async def get_token() -> str:
+        inside.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(30)
+        return token_until(a, time.time() + 3)
+
+    ca = sdk(a, node, token=token_until(a, time.time() + 3), get_token=get_token)
+    await ca.connect()
+    await asyncio.wait_for(inside.wait(), 10)  # refreshing, at the token's half-life
+    await asyncio.wait_for(ca.close(), 20)
+    assert ca.stopped is not None
 
 
 async def test_4003_stops_the_client(make_node, sdk):
