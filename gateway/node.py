@@ -101,7 +101,7 @@ class Node:
         self.lease: NodeLease = self.stores.lease
         self._keeper: LeaseKeeper | None = None
         self._held_at = 0.0  # monotonic time the lease was last confirmed
-        self._beat_ok_at = time.time()  # unix time of the last beat Redis answered
+        self._beat_ok_at = time.time()  # unix time (the keeper's) of the last beat Redis answered
         self._routes_lost_after: float | None = None  # set while routes are to be rewritten
         self._beat_failed = False  # a beat failed since the last one Redis answered
         self._dead_marks: list[str] = []  # dead nodes' in-flight entries, dropped next time
@@ -304,7 +304,11 @@ class Node:
                 app.mids.hold(False)
             return
         self.metrics.beats.labels("held" if result.held else "lost").inc()
-        ok_before, self._beat_ok_at = self._beat_ok_at, time.time()
+        # The keeper's time of the beat, not the loop's: a loop that applies
+        # beats late (busy for seconds) did not let the heartbeat lapse, since
+        # the thread wrote it on time, and must not replay what it pushed.
+        ok_before = self._beat_ok_at
+        self._beat_ok_at = max(ok_before, result.read_at or time.time())
         if result.held:
             self._held_at = now
         elif app.mids.held:
