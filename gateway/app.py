@@ -18,8 +18,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI
-
 from core.ids import MidGenerator
 from core.inflight import InFlight
 from core.ttl_cache import TtlCache
@@ -41,7 +39,7 @@ from gateway.groups.hub import GroupHub
 from gateway.groups.membership import GroupMembership
 from gateway.groups.service import GroupLimits, GroupService
 from gateway.hooks.client import Hooks, HookSettings
-from gateway.http.api import HttpDeps, build_http
+from gateway.http.api import HttpDeps, LazyHttp, build_http
 from gateway.http.guard import HttpLimits
 from gateway.http.server import ServerDeps
 from gateway.hub import Hub
@@ -106,7 +104,7 @@ class App:
     registry: Registry
     replay: Replay
     sessions: Sessions
-    http: FastAPI
+    http: LazyHttp
     events: Events
     presence: PresenceWatch
     watchers: PresenceSubs

@@ -75,7 +75,7 @@ from gateway.presence.devices import Devices
 from gateway.protocol import MAX_PRESENCE_USERS
 from gateway.rooms.service import LiveRooms
 
-__all__ = ["HttpDeps", "build_http", "build_metrics_http"]
+__all__ = ["HttpDeps", "LazyHttp", "build_http", "build_metrics_http"]
 
 log = logging.getLogger("gateway.http")
 METRICS_TYPE = "text/plain; version=0.0.4"
@@ -116,15 +116,44 @@ class HttpDeps:
     public_ws_url: str = ""  # IM_PUBLIC_WS_URL: what /v1/info tells; "" derives it
 
 
-def build_http(deps: HttpDeps) -> FastAPI:
-    """The node's HTTP API; ``/openapi.json`` describes it."""
+class LazyHttp:
+    """The HTTP API as an ASGI app that builds its FastAPI app on the first
+    request. FastAPI analyses every route's signature when it is added (a
+    pydantic adapter per parameter): about 80 ms of CPU for this API, spent
+    once per process, and not at all by a node no one calls over HTTP (most
+    of the test suite's in-process nodes). A node's first HTTP request
+    (usually its health check) waits for it."""
+
+    def __init__(self, build: Callable[[], FastAPI]) -> None:
+        self._build: Callable[[], FastAPI] | None = build
+        self._app: FastAPI | None = None
+
+    @property
+    def app(self) -> FastAPI:
+        if self._app is None:
+            assert self._build is not None
+            self._app, self._build = self._build(), None
+        return self._app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def build_http(deps: HttpDeps) -> LazyHttp:
+    """The node's HTTP API; ``/openapi.json`` describes it. The wiring it shares
+    with the WebSocket side (the per-user read budget) is done now; the
+    routes on the first request (``LazyHttp``)."""
+    buckets = KeyedBuckets(deps.limits.rate, deps.limits.burst)
+    deps.conversations.spend = lambda user, n: buckets.debit(user, time.monotonic(), n)
+    deps.groups.read_groups = deps.conversations.charge
+    return LazyHttp(lambda: _build_app(deps, buckets))
+
+
+def _build_app(deps: HttpDeps, buckets: KeyedBuckets) -> FastAPI:
     app = FastAPI(title="imgate", version="1", default_response_class=JSON, docs_url=None,
                   redoc_url=None, redirect_slashes=False, separate_input_output_schemas=False)
     _install_error_handlers(app)
     _install_openapi(app)
-    buckets = KeyedBuckets(deps.limits.rate, deps.limits.burst)
-    deps.conversations.spend = lambda user, n: buckets.debit(user, time.monotonic(), n)
-    deps.groups.read_groups = deps.conversations.charge
     app.add_middleware(HttpGuard, verifier=deps.verifier, limits=deps.limits,
                        routes=app.router.routes, api_keys=deps.api_keys, admit=deps.admit,
                        buckets=buckets,

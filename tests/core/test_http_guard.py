@@ -54,3 +54,44 @@ def test_user_ids_may_not_name_groups():
     assert TypeAdapter(UserId).validate_python("a.b:c-d_9") == "a.b:c-d_9"
     with pytest.raises(ValidationError):
         TypeAdapter(UserId).validate_python(7)  # strict: no number becomes an id
+
+
+async def test_the_http_app_is_built_on_its_first_request_and_once():
+    from fastapi import FastAPI
+
+    from gateway.http.api import LazyHttp
+
+    built: list[FastAPI] = []
+
+    def build() -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/x")
+        async def x() -> dict[str, int]:
+            return {"builds": len(built)}
+
+        built.append(app)
+        return app
+
+    lazy = LazyHttp(build)
+    assert built == []  # nothing analysed before a request
+
+    async def get() -> bytes:
+        sent: list[dict[str, object]] = []
+
+        async def receive() -> dict[str, object]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/x", "raw_path": b"/x",
+                 "query_string": b"", "headers": [], "http_version": "1.1",
+                 "scheme": "http", "server": ("127.0.0.1", 1), "client": ("127.0.0.1", 2),
+                 "root_path": ""}
+        await lazy(scope, receive, send)  # type: ignore[arg-type]
+        return b"".join(m.get("body", b"") for m in sent)  # type: ignore[misc]
+
+    assert await get() == b'{"builds":1}'
+    assert await get() == b'{"builds":1}'
+    assert len(built) == 1 and lazy.app is built[0]
