@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import socket
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -148,20 +147,24 @@ async def run_sio_asgi(stop: asyncio.Event) -> None:
     import socketio  # type: ignore[import-not-found]  # the bench extra
     import uvicorn
 
-    sock = socket.create_server(("127.0.0.1", 0))
-    config = uvicorn.Config(socketio.ASGIApp(make_sio("asgi")), lifespan="off",
+    # uvicorn binds as `uvicorn.run` does with one process (asyncio then sets
+    # TCP_NODELAY; on a socket from socket.create_server it would not, and
+    # Nagle would hold its frames).
+    config = uvicorn.Config(socketio.ASGIApp(make_sio("asgi")), host="127.0.0.1", port=0,
+                            lifespan="off",
                             access_log=False, log_level="warning",
                             ws_per_message_deflate=False)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    task = asyncio.create_task(server.serve())
     try:
         while not server.started:
             if task.done():
                 task.result()
                 raise RuntimeError("uvicorn stopped before it started")
             await asyncio.sleep(0.05)
-        ready(f"ws://127.0.0.1:{sock.getsockname()[1]}/socket.io/")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        ready(f"ws://127.0.0.1:{port}/socket.io/")
         await stop.wait()
     finally:
         server.should_exit = True
