@@ -42,7 +42,6 @@ __all__ = ["Node", "StartupError"]
 
 log = logging.getLogger("gateway.node")
 REWRITE_RETRY_S = 0.25  # routes lost with Redis: the rewrite is tried again this often
-INFLIGHT_SHARE_S = SHARE_S  # how often the oldest mid in flight is shared (core.inflight)
 
 
 class StartupError(Exception):
@@ -164,7 +163,7 @@ class Node:
         # Every half second: a send in flight longer than that (and than the
         # sync settle time, 1 s by default) holds every node's sync cursors.
         self._tasks.append(asyncio.create_task(self._every(
-            "sharing sends in flight", min(s.heartbeat_s, INFLIGHT_SHARE_S),
+            "sharing sends in flight", min(s.heartbeat_s, SHARE_S),
             self._share_inflight)))
         self._tasks.append(asyncio.create_task(self._watch_lag()))
         log.info("node %s serving ws=%s:%d http=%s:%d metrics=%s namespace=%s fan-out=%s",

@@ -135,18 +135,18 @@ class Conversations:
         if held is None:
             return page
         deadline = time.monotonic() + self.held_wait_s
-        while time.monotonic() < deadline:
-            low = self.live_mark()
-            age = self.held_mark_age_ms
-            if low is not None and age is not None \
-                    and mid_time_ms(low) < time.time() * 1000 - age:
-                break  # a send under way that long is stuck: not waited for
-            await asyncio.sleep(HELD_POLL_S)
+        age = self.held_mark_age_ms
+        while True:
             low = self.live_mark()
             if low is None or low - 1 >= held:  # the bound moved: read again
                 page, held = await self._sync(user, since, limit, changes, bounded=True)
                 if held is None:
                     return page
+            elif age is not None and mid_time_ms(low) < time.time() * 1000 - age:
+                break  # a send under way that long is stuck: not waited for
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(HELD_POLL_S)
         log.info("a sync of %s held below a send that may still land: its page passes it",
                  user)
         page, _ = await self._sync(user, since, limit, changes, bounded=False)
